@@ -1,0 +1,48 @@
+"""ddpdoctor's start-up bootstrap, found through PYTHONPATH in every process of a traced job.
+
+It must be invisible: it runs the ``sitecustomize`` that would have run without it, imports
+neither torch nor click, and only installs an import hook that patches torch.distributed once
+the program itself imports torch.
+"""
+
+
+def _ddpdoctor_bootstrap() -> None:
+    import importlib
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    # Take ourselves off sys.path, then run the next sitecustomize (the user's or the distro's).
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    ours = sys.modules.pop("sitecustomize", None)
+    try:
+        importlib.import_module("sitecustomize")
+    except ImportError as exc:
+        if exc.name != "sitecustomize":
+            raise
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        if "sitecustomize" not in sys.modules and ours is not None:
+            sys.modules["sitecustomize"] = ours
+
+    if not os.environ.get("DDPDOCTOR_OUT"):
+        return
+    home = os.environ.get("DDPDOCTOR_HOME")
+    try:
+        import ddpdoctor.activate as activate
+    except ImportError:
+        if not home:
+            return
+        sys.path.append(home)
+        try:
+            import ddpdoctor.activate as activate
+        except ImportError:
+            return
+    activate.install_import_hook()
+
+
+_ddpdoctor_bootstrap()
+del _ddpdoctor_bootstrap

@@ -1,0 +1,54 @@
+"""collective-mismatch: the same collective at the same position with different metadata."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .. import align
+from .base import Check, Context, fmt
+
+_FIELDS = (("x", "tensors"), ("rop", "reduce op"), ("root", "root rank"), ("groot", "root rank"),
+           ("nobj", "object count"))
+
+
+class CollectiveMismatch(Check):
+    id = "DD002"
+    category = "collective-mismatch"
+    severity = "error"
+    title = "Same collective, different shapes/dtypes/reduce ops/roots across ranks"
+    fix = ("Pass tensors of the same shape and dtype, the same reduce op and the same root on every "
+           "rank; pad variable-sized data (or all_gather the sizes first) before the collective.")
+
+    def run(self, ctx: Context):
+        findings = []
+        for group in ctx.groups:
+            until = ctx.divergences[group].seq if group in ctx.divergences else None
+            for p in align.mismatches(ctx.run, group, until, limit=3):
+                ev0 = next(iter(p.events.values()))
+                op = ev0.get("op")
+                diffs = []
+                evidence = []
+                for key, label in _FIELDS:
+                    vals = defaultdict(list)
+                    for r, ev in p.events.items():
+                        vals[str(ev.get(key, "-"))].append(r)
+                    if len(vals) > 1:
+                        diffs.append(label + ": " + "; ".join(f"{fmt(rs)} {v}" for v, rs in vals.items()))
+                        evidence.extend([fmt(rs), f"{label} {v}", ctx.where(rs[0], p.events[rs[0]].get("site"))]
+                                        for v, rs in vals.items())
+                sizes = defaultdict(list)
+                for r, ev in p.events.items():
+                    sizes[str(ev.get("x", ""))].append(r)
+                minority = []
+                if len(sizes) > 1:
+                    ordered = sorted(sizes.values(), key=len)
+                    if len(ordered[-1]) > len(ordered[-2]):
+                        minority = [r for rs in ordered[:-1] for r in rs]
+                locs = [ctx.loc(r, ev.get("site")) for r, ev in sorted(p.events.items())][:8]
+                where = ctx.where(min(p.events), p.events[min(p.events)].get("site"))
+                msg = (f"{op} #{p.seq} in process group {group} ({where}) differs across ranks: "
+                       + " | ".join(diffs) + ". Mismatched collectives abort (\"Received data size doesn't "
+                       "match\"), hang, or silently mix unrelated data.")
+                findings.append(self.finding(msg, minority or list(p.events), locs, evidence=evidence,
+                                             data={"group": group, "seq": p.seq, "op": op}))
+        return findings

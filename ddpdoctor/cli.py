@@ -1,0 +1,152 @@
+"""Command line: ``ddpdoctor trace -- CMD``, ``ddpdoctor report DIR``, ``ddpdoctor timeline DIR``.
+
+Exit codes: ``report`` 0 clean, 1 findings at or above --fail-on, 2 usage/input error;
+``trace`` passes the command's status through (128+N for signal N), or 124 when --on-hang kill
+ended a hung job.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from . import settings
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+
+
+def _fail(msg: str) -> None:
+    click.echo(f"ddpdoctor: error: {msg}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+class _Group(click.Group):
+    def main(self, *args, **kwargs):  # usage errors exit 2 (click's default too), stay one line
+        return super().main(*args, **kwargs)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ddpdoctor")
+def main() -> None:
+    """Diagnose distributed PyTorch jobs: trace every rank, find divergence, explain hangs."""
+
+
+def _print_report(paths, fmt, output, verbose, select, ignore, fail_on, run_id) -> int:
+    from .load import TraceError
+    from .report import analyze, exit_code
+    from .run import load_run
+
+    try:
+        run = load_run(list(paths), run_id=run_id)
+    except TraceError as exc:
+        _fail(str(exc))
+    findings, notes = analyze(run, select, ignore)
+    if fmt == "json":
+        from .render_json import render as rj
+
+        text = rj(run, findings, notes)
+    elif fmt == "html":
+        from .render_html import render as rh
+
+        text = rh(run, findings, notes)
+    else:
+        from .render_text import render as rt
+
+        text = rt(run, findings, notes, verbose=verbose)
+    if output:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text + ("\n" if not text.endswith("\n") else ""))
+        click.echo(f"ddpdoctor: report written to {output}", err=True)
+    else:
+        click.echo(text)
+    return exit_code(findings, fail_on)
+
+
+def _split(values) -> list[str]:
+    out: list[str] = []
+    for v in values or ():
+        out.extend(x for x in v.split(",") if x)
+    return out
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to a file.")
+@click.option("-v", "--verbose", is_flag=True, help="Show per-rank evidence.")
+@click.option("--select", multiple=True, help="Only these check ids or categories (comma-separated).")
+@click.option("--ignore", multiple=True, help="Skip these check ids or categories.")
+@click.option("--fail-on", type=click.Choice(["error", "warning", "info", "never"]), default="error",
+              show_default=True, help="Exit 1 when a finding at or above this severity exists.")
+@click.option("--run", "run_id", default=None, help="Run id to report when a folder holds several.")
+def report(paths, fmt, output, verbose, select, ignore, fail_on, run_id):
+    """Analyse trace folders (several nodes' folders may be given together)."""
+    sys.exit(_print_report(paths, fmt, output, verbose, _split(select), _split(ignore), fail_on, run_id))
+
+
+@main.command(context_settings={"allow_interspersed_args": False})
+@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
+              help="Trace folder (default: a new one under ./ddpdoctor-traces/).")
+@click.option("--hang-timeout", type=float, default=None, envvar=settings.ENV_HANG_TIMEOUT,
+              help=f"Seconds a collective may wait before it is diagnosed as a hang "
+                   f"(default {settings.DEFAULT_HANG_TIMEOUT:g}; 0 disables). Env: {settings.ENV_HANG_TIMEOUT}.")
+@click.option("--on-hang", type=click.Choice(settings.ON_HANG_CHOICES), default="report",
+              envvar=settings.ENV_ON_HANG, show_default=True,
+              help="report: print the diagnosis and keep waiting; kill: end the job (exit 124).")
+@click.option("--report/--no-report", "do_report", default=True, help="Print the report at the end.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def trace(out, hang_timeout, on_hang, do_report, fmt, command):
+    """Run COMMAND with every rank instrumented, e.g. ddpdoctor trace -- torchrun train.py"""
+    from . import launcher
+
+    command = list(command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        _fail("no command given: ddpdoctor trace -- COMMAND [ARGS...]")
+    out = out or launcher.default_out_dir()
+    click.echo(f"ddpdoctor: tracing into {out}", err=True)
+    try:
+        status, killed = launcher.run(command, out, hang_timeout, on_hang)
+    except launcher.LaunchError as exc:
+        _fail(str(exc))
+    if do_report:
+        click.echo("", err=True)
+        has_files = any(n.startswith("rank") for n in os.listdir(out)) if os.path.isdir(out) else False
+        if has_files:
+            try:
+                _print_report([out], fmt, None, False, [], [], "never", None)
+            except SystemExit:
+                pass
+        else:
+            click.echo("ddpdoctor: no rank traced (the command never initialised a process group)",
+                       err=True)
+    if killed:
+        click.echo(f"ddpdoctor: the job was ended after a hang (exit {launcher.EXIT_HANG})", err=True)
+        sys.exit(launcher.EXIT_HANG)
+    sys.exit(status)
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default="ddpdoctor-timeline.json",
+              show_default=True)
+@click.option("--ranks", default=None, help="Only these ranks, e.g. 0-3,8.")
+@click.option("--window", default=None, help="Only this time window in seconds, e.g. 10:20.")
+def timeline(paths, output, ranks, window):
+    """Write a Chrome Trace Event / Perfetto timeline of the run."""
+    from . import timeline as tl
+    from .load import TraceError
+
+    try:
+        n = tl.write(list(paths), output, ranks=ranks, window=window)
+    except (TraceError, ValueError) as exc:
+        _fail(str(exc))
+    click.echo(f"ddpdoctor: {n} events written to {output} (open in https://ui.perfetto.dev)", err=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""How a rank ended: normal exit, an uncaught exception (with its line), or a signal.
+
+Every hook chains to what was there before and changes nothing about how the program fails.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import os
+import signal
+import sys
+import traceback
+
+from . import callsite
+
+_installed = False
+
+
+def _user_frame(tb) -> tuple[str, int, str]:
+    """Innermost frame of a traceback that is the user's, not a library's."""
+    best = ("?", 0, "?")
+    for fs in traceback.extract_tb(tb):
+        if not callsite._is_library(fs.filename):
+            best = (fs.filename, fs.lineno or 0, fs.name)
+    return best
+
+
+def record_exception(rec, exc: BaseException) -> None:
+    if getattr(rec, "_exit_recorded", False) or isinstance(exc, SystemExit):
+        return
+    try:
+        file, line, func = _user_frame(exc.__traceback__)
+        stack = [[fs.filename, fs.lineno, fs.name, (fs.line or "").strip()]
+                 for fs in traceback.extract_tb(exc.__traceback__)[-8:]]
+        rec.emit({"t": "exit", "how": "exception", "exc": f"{type(exc).__name__}: {exc}"[:1000],
+                  "file": file, "line": line, "func": func, "stack": stack, "ts": rec.now_us(),
+                  "inflight": _inflight(rec)})
+        rec._exit_recorded = True
+        if rec.writer is not None:
+            rec.writer.sync()
+    except Exception:
+        pass
+
+
+def _inflight(rec) -> list:
+    return [list(v) for v in list(rec.inflight.values())]
+
+
+def install(rec) -> None:
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    prev_hook = sys.excepthook
+
+    def excepthook(etype, value, tb):
+        record_exception(rec, value)
+        prev_hook(etype, value, tb)
+
+    sys.excepthook = excepthook
+
+    def at_exit():
+        if not getattr(rec, "_exit_recorded", False) and rec.writer is not None:
+            rec._exit_recorded = True
+            try:
+                rec.emit({"t": "exit", "how": "normal", "ts": rec.now_us(), "events": rec.events,
+                          "seq": rec.position(), "pending_async": len(rec.async_pending)})
+            except Exception:
+                pass
+        if rec.watchdog is not None:
+            rec.watchdog.stop()
+        rec.close()
+
+    atexit.register(at_exit)
+    _install_signal_dumps(rec)
+
+
+def _install_signal_dumps(rec) -> None:
+    """On SIGTERM (what launchers send first) and SIGUSR2 (ours, on demand), write every
+    thread's Python stack from C, which works even while the main thread is blocked in a
+    collective and cannot run a Python signal handler. Chains to the previous handler."""
+    if rec.writer is None:
+        return
+    path = rec.writer.path[: -len(".jsonl")] + ".stacks.txt"
+    try:
+        rec._stacks_file = open(path, "a")  # noqa: SIM115 - must stay open for faulthandler
+        for sig in (signal.SIGTERM, signal.SIGUSR2):
+            if sig == signal.SIGTERM and signal.getsignal(sig) not in (signal.SIG_DFL, None):
+                continue  # the program handles SIGTERM itself: leave it alone
+            faulthandler.register(sig, file=rec._stacks_file, all_threads=True,
+                                  chain=sig == signal.SIGTERM)
+    except (OSError, RuntimeError, ValueError):
+        pass
+
+
+def _spawn_wrap(fn, i, args, error_file):
+    """Child-side entry of torch.multiprocessing.spawn, recording the worker's exception."""
+    import torch.multiprocessing.spawn as tmp_spawn
+
+    from . import recorder as recorder_mod
+
+    def fn_recorded(idx, *a):
+        try:
+            return fn(idx, *a)
+        except BaseException as exc:
+            rec = recorder_mod.get()
+            if rec is not None and not isinstance(exc, SystemExit):
+                record_exception(rec, exc)
+            raise
+
+    return tmp_spawn._ddpdoctor_orig_wrap(fn_recorded, i, args, error_file)
+
+
+def wrap_spawn_worker() -> None:
+    """torch.multiprocessing.spawn catches the worker's exception and exits 1, so the excepthook
+    never sees it: wrap the child-side entry to record it first. ``_spawn_wrap`` is module-level
+    so that it pickles by reference into the children."""
+    try:
+        import torch.multiprocessing.spawn as tmp_spawn
+    except Exception:
+        return
+    if getattr(tmp_spawn, "_ddpdoctor_orig_wrap", None) is None and hasattr(tmp_spawn, "_wrap"):
+        tmp_spawn._ddpdoctor_orig_wrap = tmp_spawn._wrap
+        tmp_spawn._wrap = _spawn_wrap

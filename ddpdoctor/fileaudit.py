@@ -1,0 +1,98 @@
+"""File operations of a rank, for the missing-barrier check, through Python's audit hooks.
+
+An audit hook sees every ``open``/``os.remove``/``os.rename``/``os.mkdir`` (torch.save and
+torch.load included) for the price of one Python call per audit event. Each recorded operation
+carries the rank's position in every group's collective sequence (a vector clock), so the
+checker can decide happens-before across ranks from the collectives, not from timing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_WATCH = {"open": None, "os.remove": "rm", "os.rename": "mv", "os.mkdir": "mkdir",
+          "os.rmdir": "rm", "shutil.rmtree": "rm", "os.truncate": "w"}
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+#: Record at most this many file operations per rank (a dataset of a million files would
+#: otherwise fill the trace); the trace says when the cap was reached.
+MAX_RECORDS = 20000
+_installed = False
+
+
+def _ignored_prefixes(rec) -> tuple[str, ...]:
+    import site
+    import sysconfig
+
+    prefixes = {"/proc/", "/sys/", "/dev/", sys.prefix + os.sep, sys.base_prefix + os.sep,
+                sys.exec_prefix + os.sep}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        try:
+            prefixes.add(sysconfig.get_paths()[key] + os.sep)
+        except KeyError:
+            pass
+    try:
+        prefixes.update(p + os.sep for p in site.getsitepackages())
+    except AttributeError:
+        pass
+    if rec.settings.out:
+        prefixes.add(os.path.abspath(rec.settings.out) + os.sep)
+    return tuple(prefixes)
+
+
+def install(rec) -> None:
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    ignored = _ignored_prefixes(rec)
+    ignored_suffixes = (".py", ".pyc", ".so", ".pth", ".jsonl", ".stacks.txt")
+    seen: set = set()
+    state = {"n": 0}
+    from . import recorder as recorder_mod
+
+    def hook(event, args):
+        op = _WATCH.get(event, 0)
+        if op == 0:
+            return
+        r = recorder_mod.get()
+        if r is None or r.writer is None or not r.enabled or getattr(r.local, "in_audit", False):
+            return
+        r.local.in_audit = True
+        try:
+            path = args[0] if args else None
+            if isinstance(path, bytes):
+                path = os.fsdecode(path)
+            if not isinstance(path, str):
+                return
+            if op is None:  # open: decide read or write from the mode/flags
+                mode, flags = (args[1], args[2]) if len(args) >= 3 else (args[1] if len(args) > 1 else "r", 0)
+                if isinstance(mode, str) and mode:
+                    op = "w" if any(c in mode for c in "wax+") else "r"
+                else:
+                    op = "w" if (flags or 0) & _WRITE_FLAGS else "r"
+            path = os.path.abspath(path)
+            if path.startswith(ignored) or path.endswith(ignored_suffixes):
+                return
+            pos = r.position()
+            key = (op, path, tuple(sorted(pos.items())))
+            if key in seen:
+                return
+            if state["n"] >= MAX_RECORDS:
+                if state["n"] == MAX_RECORDS:
+                    state["n"] += 1
+                    r.emit({"t": "file_cap", "max": MAX_RECORDS, "ts": r.now_us()})
+                return
+            seen.add(key)
+            state["n"] += 1
+            rec_ = {"t": "file", "op": op, "path": path, "pos": pos, "ts": r.now_us(),
+                    "site": r.sites.current(2)}
+            if event == "os.rename" and len(args) > 1 and isinstance(args[1], (str, bytes)):
+                rec_["to"] = os.path.abspath(os.fsdecode(args[1]))
+            r.emit(rec_)
+        except Exception as exc:
+            r.internal_error(exc)
+        finally:
+            r.local.in_audit = False
+
+    sys.addaudithook(hook)

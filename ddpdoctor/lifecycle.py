@@ -1,0 +1,141 @@
+"""Process-group lifecycle: ``init_process_group`` makes this process a rank (its trace file is
+opened, the watchdog and exit hooks start); group creation and destruction are recorded so that
+every event's group can be resolved to its member ranks."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from . import recorder as recorder_mod
+
+_GROUP_MAKERS = ("new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group")
+
+
+def _group_record(rec, pg, op: str) -> None:
+    from torch.distributed import distributed_c10d as c10d
+
+    try:
+        if pg is None or pg is c10d.GroupMember.NON_GROUP_MEMBER:
+            return
+        ranks = c10d.get_process_group_ranks(pg)
+        name = rec.group_name(pg)
+        rec.group_ranks[name] = ranks
+        rec.emit({"t": "pg", "op": op, "g": name, "ranks": ranks, "ts": rec.now_us()})
+    except Exception as exc:
+        rec.internal_error(exc)
+
+
+def _after_init(rec, timeout_s: float | None) -> None:
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    pg = c10d._get_default_group()
+    backend = str(dist.get_backend())
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rec.open_trace(rank, world, backend, timeout_s)
+    rec.group_names[id(pg)] = "0"
+    rec.group_ranks["0"] = list(range(world))
+    rec.emit({"t": "init", "g": "0", "rank": rank, "world": world, "backend": backend,
+              "ts": rec.now_us(), "site": rec.sites.current(4)})
+    from . import exithooks, watchdog
+
+    exithooks.install(rec)
+    if rec.settings.hang_timeout > 0:
+        watchdog.start(rec)
+    if rec.settings.record_files:
+        from . import fileaudit
+
+        fileaudit.install(rec)
+
+
+def patch(set_fn, mark: str) -> None:
+    from torch.distributed import distributed_c10d as c10d
+
+    rec_get = recorder_mod.get
+    orig_init = c10d.init_process_group
+    if not getattr(orig_init, mark, False):
+        @functools.wraps(orig_init)
+        def init_process_group(*args, **kwargs):
+            rec = rec_get()
+            if rec is None or not rec.enabled:
+                return orig_init(*args, **kwargs)
+            rec.local.depth = getattr(rec.local, "depth", 0) + 1
+            try:
+                result = orig_init(*args, **kwargs)
+            finally:
+                rec.local.depth -= 1
+            try:
+                timeout = kwargs.get("timeout", args[2] if len(args) > 2 else None)
+                _after_init(rec, timeout.total_seconds() if timeout is not None else None)
+            except Exception as exc:
+                rec.internal_error(exc)
+            return result
+
+        setattr(init_process_group, mark, True)
+        set_fn("init_process_group", init_process_group)
+
+    for name in _GROUP_MAKERS:
+        orig = getattr(c10d, name, None)
+        if orig is None or getattr(orig, mark, False):
+            continue
+        set_fn(name, _make_group_maker(name, orig, rec_get, mark))
+
+    orig_destroy = c10d.destroy_process_group
+    if not getattr(orig_destroy, mark, False):
+        @functools.wraps(orig_destroy)
+        def destroy_process_group(*args, **kwargs):
+            rec = rec_get()
+            if rec is not None and rec.enabled and rec.writer is not None:
+                try:
+                    group = args[0] if args else kwargs.get("group")
+                    rec.emit({"t": "pg", "op": "destroy", "g": rec.group_name(group),
+                              "ts": rec.now_us(), "site": rec.sites.current(2)})
+                    if group is None:
+                        rec.writer.sync()
+                except Exception as exc:
+                    rec.internal_error(exc)
+            return orig_destroy(*args, **kwargs)
+
+        setattr(destroy_process_group, mark, True)
+        set_fn("destroy_process_group", destroy_process_group)
+
+
+def _make_group_maker(name, orig, rec_get, mark):
+    """Group creation is collective over the parent group: it is one event in its sequence."""
+
+    @functools.wraps(orig)
+    def maker(*args, **kwargs):
+        rec = rec_get()
+        if rec is None or not rec.enabled or getattr(rec.local, "depth", 0):
+            return orig(*args, **kwargs)
+        local_sync = bool(kwargs.get("use_local_synchronization", False))
+        site = rec.sites.current(2)
+        start = rec.now_us()
+        seq = 0 if local_sync else rec.next_seq("0")
+        rec.local.depth = 1
+        try:
+            result = orig(*args, **kwargs)
+        finally:
+            rec.local.depth = 0
+        try:
+            if seq:
+                rec.emit_line(f'{{"t":"c","op":"{name}","g":"0","s":{seq},"ts":{start},'
+                              f'"d":{rec.now_us() - start},"site":{site}}}')
+            groups = []
+            if isinstance(result, tuple):  # new_subgroups*: (this rank's subgroup, all subgroups)
+                groups = [result[0]] + [g for g in (result[1] or []) if g is not result[0]]
+            else:
+                groups = [result]
+            for g in groups:
+                _group_record(rec, g, name)
+        except Exception as exc:
+            rec.internal_error(exc)
+        return result
+
+    setattr(maker, mark, True)
+    return maker
+
+
+def is_rank_process() -> bool:
+    return "RANK" in os.environ

@@ -1,0 +1,349 @@
+"""Wrappers around the public functions of ``torch.distributed``.
+
+Each wrapper records one event and calls the original with the very same arguments, returning
+its value and letting its exception propagate untouched. Several public functions call others
+by module-global name (``all_gather_object`` -> ``all_gather``); a thread-local depth counter
+makes only the outermost call an event. Both ``torch.distributed.X`` and
+``torch.distributed.distributed_c10d.X`` are replaced, since the former is a re-export.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import threading
+import time
+
+from . import describe, recorder as recorder_mod
+
+_PATCHED_MARK = "__ddpdoctor_wrapped__"
+
+# op -> (primary tensor params, other tensor params, root params, object params)
+# "primary" tensors are those every rank passes with the same metadata in a correct program.
+COLLECTIVES: dict[str, tuple[tuple, tuple, tuple, tuple]] = {
+    "barrier": ((), (), (), ()),
+    "monitored_barrier": ((), (), (), ()),
+    "all_reduce": (("tensor",), (), (), ()),
+    "all_reduce_coalesced": (("tensors",), (), (), ()),
+    "reduce": (("tensor",), (), ("dst", "group_dst"), ()),
+    "broadcast": (("tensor",), (), ("src", "group_src"), ()),
+    "all_gather": (("tensor",), ("tensor_list",), (), ()),
+    "all_gather_into_tensor": (("input_tensor",), ("output_tensor",), (), ()),
+    "all_gather_coalesced": (("input_tensor_list",), ("output_tensor_lists",), (), ()),
+    "reduce_scatter": (("output",), ("input_list",), (), ()),
+    "reduce_scatter_tensor": (("input",), ("output",), (), ()),
+    "all_to_all": (("input_tensor_list",), ("output_tensor_list",), (), ()),
+    "all_to_all_single": (("input",), ("output",), (), ()),
+    "gather": (("tensor",), ("gather_list",), ("dst", "group_dst"), ()),
+    "scatter": (("tensor",), ("scatter_list",), ("src", "group_src"), ()),
+    "all_gather_object": ((), (), (), ("obj",)),
+    "gather_object": ((), (), ("dst", "group_dst"), ("obj",)),
+    "broadcast_object_list": ((), (), ("src", "group_src"), ("object_list",)),
+    "scatter_object_list": ((), (), ("src", "group_src"), ("scatter_object_output_list",)),
+}
+# op -> (tensor/object param, peer params, direction)
+P2P: dict[str, tuple[str, tuple, str]] = {
+    "send": ("tensor", ("dst", "group_dst"), "send"),
+    "recv": ("tensor", ("src", "group_src"), "recv"),
+    "isend": ("tensor", ("dst", "group_dst"), "send"),
+    "irecv": ("tensor", ("src", "group_src"), "recv"),
+    "send_object_list": ("object_list", ("dst", "group_dst"), "send"),
+    "recv_object_list": ("object_list", ("src", "group_src"), "recv"),
+}
+_REDUCING = {"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+             "broadcast"}
+
+
+def _arg_getter(params: list[str], defaults: dict[str, object]):
+    index = {p: i for i, p in enumerate(params)}
+
+    def get(name: str, args: tuple, kwargs: dict):
+        i = index.get(name)
+        if i is not None and i < len(args):
+            return args[i]
+        return kwargs.get(name, defaults.get(name))
+
+    return get
+
+
+def _signature(fn) -> tuple[list[str], dict[str, object]]:
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters if sig.parameters[p].kind in
+              (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    defaults = {k: v.default for k, v in sig.parameters.items()
+                if v.default is not inspect.Parameter.empty}
+    return params, defaults
+
+
+class _Call:
+    """Bookkeeping shared by all wrappers: depth guard, in-flight slot, event line."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def run(rec, local, orig, args, kwargs, head: str, gname: str, seq: int, op: str,
+            is_async: bool, kind: str = "c"):
+        site = rec.sites.current(3)
+        tid = threading.get_ident()
+        start = time.perf_counter_ns()
+        start_us = (start - rec.t0_ns) // 1000
+        rec.inflight[tid] = (op, gname, seq, site, start_us)
+        local.depth = 1
+        try:
+            result = orig(*args, **kwargs)
+        except BaseException as exc:
+            local.depth = 0
+            rec.inflight.pop(tid, None)
+            dur = (time.perf_counter_ns() - start) // 1000
+            err = json.dumps(f"{type(exc).__name__}: {exc}"[:500])
+            rec.emit_line(f'{{"t":"{kind}",{head},"ts":{start_us},"d":{dur},"site":{site},"err":{err}}}')
+            raise
+        local.depth = 0
+        rec.inflight.pop(tid, None)
+        dur = (time.perf_counter_ns() - start) // 1000
+        tail = ',"async":1' if is_async else ""
+        rec.emit_line(f'{{"t":"{kind}",{head},"ts":{start_us},"d":{dur},"site":{site}{tail}}}')
+        rec.events += 1
+        rec.last_event = (op, gname, seq, site, start_us + dur)
+        if is_async and result is not None:
+            _track_async(rec, result, op, gname, seq, site)
+        return result
+
+
+def _track_async(rec, result, op, gname, seq, site) -> None:
+    works = result if isinstance(result, list) else [result]
+    for w in works:
+        try:
+            rec.async_pending[id(w)] = (op, gname, seq, site)
+        except Exception:
+            pass
+
+
+def _make_collective(op: str, orig, spec):
+    primary, other, roots, objs = spec
+    params, defaults = _signature(orig)
+    get = _arg_getter(params, defaults)
+    has_group = "group" in params or "group" in defaults
+    has_async = "async_op" in params
+    has_op = op in _REDUCING and op != "broadcast"
+    rec_get = recorder_mod.get
+    from torch.distributed import distributed_c10d as c10d
+
+    non_member = c10d.GroupMember.NON_GROUP_MEMBER
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        rec = rec_get()
+        if rec is None or not rec.enabled:
+            return orig(*args, **kwargs)
+        local = rec.local
+        if getattr(local, "depth", 0):
+            return orig(*args, **kwargs)
+        try:
+            group = get("group", args, kwargs) if has_group else None
+            if group is non_member:
+                return orig(*args, **kwargs)
+            gname = rec.group_name(group)
+            seq = rec.next_seq(gname)
+            parts = [f'"op":"{op}","g":"{gname}","s":{seq}']
+            n = 0
+            if primary:
+                xs: list[str] = []
+                for p in primary:
+                    d, k = describe.tensors_desc(get(p, args, kwargs))
+                    xs.extend(d)
+                    n += k
+                parts.append(f'"x":[{",".join(xs)}],"n":{n}')
+            if has_op:
+                parts.append(f'"rop":"{describe.redop_name(get("op", args, kwargs))}"')
+            for r in roots:
+                v = get(r, args, kwargs)
+                if v is not None:
+                    parts.append(f'"{"root" if r in ("src", "dst") else "groot"}":{int(v)}')
+            if other:
+                xo: list[str] = []
+                for p in other:
+                    xo.extend(describe.tensors_desc(get(p, args, kwargs))[0])
+                parts.append(f'"xo":[{",".join(xo)}]')
+            for p in objs:
+                v = get(p, args, kwargs)
+                if p == "object_list" or p == "scatter_object_output_list":
+                    parts.append(f'"nobj":{len(v) if v is not None else 0}')
+                else:
+                    parts.append(f'"obj":{describe.object_desc(v)}')
+            if rec.ddp_refs and primary and op in _REDUCING:
+                from . import patch_ddp
+
+                hit = patch_ddp.overlap(rec, [get(p, args, kwargs) for p in primary])
+                if hit:
+                    parts.append(f'"ddp_overlap":{json.dumps(hit)}')
+            is_async = bool(get("async_op", args, kwargs)) if has_async else False
+            head = ",".join(parts)
+        except Exception as exc:  # never let bookkeeping break the call
+            rec.internal_error(exc)
+            return orig(*args, **kwargs)
+        return _Call.run(rec, local, orig, args, kwargs, head, gname, seq, op, is_async)
+
+    setattr(wrapper, _PATCHED_MARK, True)
+    return wrapper
+
+
+def _make_p2p(op: str, orig, spec):
+    targ, peers, direction = spec
+    params, defaults = _signature(orig)
+    get = _arg_getter(params, defaults)
+    rec_get = recorder_mod.get
+    is_async_op = op in ("isend", "irecv")
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        rec = rec_get()
+        if rec is None or not rec.enabled:
+            return orig(*args, **kwargs)
+        local = rec.local
+        if getattr(local, "depth", 0):
+            return orig(*args, **kwargs)
+        try:
+            group = get("group", args, kwargs)
+            gname = rec.group_name(group)
+            head = _p2p_head(rec, op, direction, gname, group, get(targ, args, kwargs),
+                             get(peers[0], args, kwargs), get(peers[1], args, kwargs))
+        except Exception as exc:
+            rec.internal_error(exc)
+            return orig(*args, **kwargs)
+        return _Call.run(rec, local, orig, args, kwargs, head, gname, 0, op, is_async_op, kind="p")
+
+    setattr(wrapper, _PATCHED_MARK, True)
+    return wrapper
+
+
+def _p2p_head(rec, op, direction, gname, group, payload, peer, group_peer) -> str:
+    me = rec.rank if rec.rank is not None else -1
+    if peer is None and group_peer is not None:
+        try:
+            from torch.distributed import distributed_c10d as c10d
+
+            peer = c10d.get_global_rank(group, group_peer) if group is not None else group_peer
+        except Exception:
+            peer = None
+    peer_s = "?" if peer is None else str(int(peer))
+    channel = f"{me}>{peer_s}" if direction == "send" else f"{peer_s}>{me}"
+    seq = rec.next_p2p(f"{gname}:{channel}")
+    if op.endswith("object_list"):
+        body = f'"nobj":{len(payload) if payload is not None else 0}'
+    else:
+        xs, n = describe.tensors_desc(payload)
+        body = f'"x":[{",".join(xs)}],"n":{n}'
+    return f'"op":"{op}","g":"{gname}","ch":"{channel}","s":{seq},{body}'
+
+
+def _make_batch(orig):
+    rec_get = recorder_mod.get
+
+    @functools.wraps(orig)
+    def wrapper(p2p_op_list, *args, **kwargs):
+        rec = rec_get()
+        if rec is None or not rec.enabled or getattr(rec.local, "depth", 0):
+            return orig(p2p_op_list, *args, **kwargs)
+        try:
+            site = rec.sites.current(2)
+            ts = rec.now_us()
+            for p in p2p_op_list:
+                fname = getattr(getattr(p, "op", None), "__name__", "?")
+                direction = "send" if "send" in fname else "recv"
+                group = getattr(p, "group", None)
+                gname = rec.group_name(group)
+                head = _p2p_head(rec, fname, direction, gname, group, p.tensor, p.peer,
+                                 getattr(p, "group_peer", None))
+                rec.emit_line(f'{{"t":"p",{head},"ts":{ts},"d":0,"site":{site},"batch":1}}')
+        except Exception as exc:
+            rec.internal_error(exc)
+        rec.local.depth = 1
+        try:
+            return orig(p2p_op_list, *args, **kwargs)
+        finally:
+            rec.local.depth = 0
+
+    setattr(wrapper, _PATCHED_MARK, True)
+    return wrapper
+
+
+def _patch_work_wait() -> None:
+    """``async_op=True`` work completes when its ``wait()`` returns: record that moment."""
+    import torch
+
+    Work = torch._C._distributed_c10d.Work
+    orig = Work.wait
+    if getattr(orig, _PATCHED_MARK, False):
+        return
+    rec_get = recorder_mod.get
+
+    @functools.wraps(orig)
+    def wait(self, *args, **kwargs):
+        rec = rec_get()
+        if rec is None or not rec.async_pending:
+            return orig(self, *args, **kwargs)
+        info = rec.async_pending.pop(id(self), None)
+        if info is None:
+            return orig(self, *args, **kwargs)
+        op, gname, seq, site = info
+        tid = threading.get_ident()
+        start = rec.now_us()
+        rec.inflight[tid] = (op + ".wait", gname, seq, site, start)
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            rec.inflight.pop(tid, None)
+            rec.emit_line(f'{{"t":"w","op":"{op}","g":"{gname}","s":{seq},"ts":{start},'
+                          f'"d":{rec.now_us() - start},"site":{site}}}')
+
+    setattr(wait, _PATCHED_MARK, True)
+    try:
+        Work.wait = wait
+    except (TypeError, AttributeError):
+        pass
+
+
+def _set(name: str, wrapper) -> None:
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    setattr(c10d, name, wrapper)
+    if getattr(dist, name, None) is not None:
+        setattr(dist, name, wrapper)
+
+
+_patch_lock = threading.Lock()
+_patched = False
+
+
+def patch() -> bool:
+    """Patch ``torch.distributed`` once; returns False where it is not available."""
+    global _patched
+    with _patch_lock:
+        if _patched:
+            return True
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return False
+        from torch.distributed import distributed_c10d as c10d
+
+        from . import lifecycle
+
+        for op, spec in COLLECTIVES.items():
+            orig = getattr(c10d, op, None)
+            if orig is not None and not getattr(orig, _PATCHED_MARK, False):
+                _set(op, _make_collective(op, orig, spec))
+        for op, spec in P2P.items():
+            orig = getattr(c10d, op, None)
+            if orig is not None and not getattr(orig, _PATCHED_MARK, False):
+                _set(op, _make_p2p(op, orig, spec))
+        orig = getattr(c10d, "batch_isend_irecv", None)
+        if orig is not None and not getattr(orig, _PATCHED_MARK, False):
+            _set("batch_isend_irecv", _make_batch(orig))
+        lifecycle.patch(_set, _PATCHED_MARK)
+        _patch_work_wait()
+        _patched = True
+        return True

@@ -1,0 +1,166 @@
+"""Per-process recording state: the trace file, call-site table, per-group sequence numbers and
+what each thread is waiting in right now (read by the hang watchdog).
+
+A process becomes a *rank* (gets a trace file) when it initialises a process group; until then
+events are buffered in memory, so processes that never do (the torchrun agent, DataLoader
+workers, helpers) leave no file behind.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+
+from . import settings as settings_mod
+from .callsite import SiteTable
+from .tracefile import SCHEMA_VERSION, TraceWriter, dumps, hostname, trace_file_name
+
+_recorder: Recorder | None = None
+_lock = threading.Lock()
+
+
+def get() -> Recorder | None:
+    return _recorder
+
+
+def install(settings: settings_mod.Settings | None = None) -> Recorder:
+    """Create the process-wide recorder once (idempotent)."""
+    global _recorder
+    with _lock:
+        if _recorder is None:
+            _recorder = Recorder(settings or settings_mod.from_env())
+        return _recorder
+
+
+class Recorder:
+    def __init__(self, settings: settings_mod.Settings) -> None:
+        self.settings = settings
+        self.enabled = True
+        self.writer: TraceWriter | None = None
+        self.rank: int | None = None
+        self.world: int | None = None
+        self._pending: list[str] = []  # records made before the process group existed
+        self.t0_ns = time.perf_counter_ns()
+        self.wall0 = time.time()
+        self.sites = SiteTable(self._emit_dict)
+        self.seq: dict[str, int] = {}  # group name -> number of sequence events issued
+        self.p2p: dict[str, int] = {}  # channel "src>dst@group" -> number of messages
+        self.group_names: dict[int, str] = {}  # id(ProcessGroup) -> name
+        self.group_ranks: dict[str, list[int]] = {}
+        self.inflight: dict[int, tuple] = {}  # thread id -> (op, group, seq, site, start_us)
+        self.local = threading.local()  # .depth: nesting of patched calls on this thread
+        self.async_pending: dict[int, tuple] = {}  # id(Work) -> (op, group, seq, site, issue_us)
+        self.ddp_refs: list = []  # weak references to DDP modules (see patch_ddp)
+        self.events = 0
+        self.last_event: tuple | None = None  # (op, group, seq, site, end_us)
+        self._error_logged = False
+        self.watchdog = None
+
+    # -- time ---------------------------------------------------------------------------------
+    def now_us(self) -> int:
+        return (time.perf_counter_ns() - self.t0_ns) // 1000
+
+    # -- output -------------------------------------------------------------------------------
+    def _emit_dict(self, record: dict) -> None:
+        self.emit_line(dumps(record))
+
+    def emit(self, record: dict) -> None:
+        self.emit_line(dumps(record))
+
+    def emit_line(self, line: str) -> None:
+        w = self.writer
+        if w is not None:
+            try:
+                w.write_line(line)
+            except OSError as exc:
+                self.internal_error(exc)
+        elif self.enabled and len(self._pending) < 10000:
+            self._pending.append(line)
+
+    def open_trace(self, rank: int, world: int, backend: str, timeout_s: float | None,
+                   local_rank: int | None = None) -> None:
+        """Called once the default process group exists: this process is now a rank."""
+        if self.writer is not None or not self.settings.out or not self.enabled:
+            return
+        self.rank, self.world = rank, world
+        out = self.settings.out
+        try:
+            os.makedirs(out, exist_ok=True)
+            attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+            host = hostname()
+            path = os.path.join(out, trace_file_name(rank, host, os.getpid(), attempt))
+            self.writer = TraceWriter(path)
+        except OSError as exc:
+            self.internal_error(exc)
+            return
+        import torch
+
+        header = {
+            "t": "header", "schema": SCHEMA_VERSION, "run": self.settings.run_id,
+            "rank": rank, "local_rank": local_rank if local_rank is not None else
+            int(os.environ.get("LOCAL_RANK", rank)), "world": world, "host": host,
+            "pid": os.getpid(), "attempt": attempt, "torch": torch.__version__,
+            "backend": backend, "argv": list(sys.argv), "python": sys.version.split()[0],
+            "wall0": self.wall0, "pg_timeout_s": timeout_s,
+            "hang_timeout_s": self.settings.hang_timeout, "tool": "ddpdoctor",
+        }
+        self.writer.write(header)
+        # Sites already interned before the file existed are in _pending in order.
+        for line in self._pending:
+            self.writer.write_line(line)
+        self._pending.clear()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    # -- groups -------------------------------------------------------------------------------
+    def group_name(self, group) -> str:
+        """Stable name of a process group, the same on every member rank."""
+        if group is None:
+            return "0"
+        key = id(group)
+        name = self.group_names.get(key)
+        if name is None:
+            name = self._resolve_group(group)
+        return name
+
+    def _resolve_group(self, group) -> str:
+        try:
+            from torch.distributed import distributed_c10d as c10d
+
+            if group is c10d.GroupMember.WORLD or group is c10d._get_default_group():
+                name = "0"
+            else:
+                name = str(c10d._get_process_group_name(group))
+        except Exception:
+            name = str(getattr(group, "group_name", "?"))
+        self.group_names[id(group)] = name
+        return name
+
+    def next_seq(self, gname: str) -> int:
+        s = self.seq.get(gname, 0) + 1
+        self.seq[gname] = s
+        return s
+
+    def next_p2p(self, channel: str) -> int:
+        s = self.p2p.get(channel, 0) + 1
+        self.p2p[channel] = s
+        return s
+
+    def position(self) -> dict[str, int]:
+        """How many sequence events this rank has completed per group (a vector clock)."""
+        return dict(self.seq)
+
+    # -- errors -------------------------------------------------------------------------------
+    def internal_error(self, exc: BaseException) -> None:
+        """ddpdoctor must never break the traced program: log once, then get out of the way."""
+        if self.settings.debug:
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        if not self._error_logged:
+            self._error_logged = True
+            print(f"ddpdoctor: internal error, recording continues where it can: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)

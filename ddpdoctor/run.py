@@ -1,0 +1,96 @@
+"""A run: the rank traces of one job, after choosing one run id and one restart attempt."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+from .load import RankTrace, TraceError, find_trace_files, read_rank
+
+#: Read rank files in worker processes from this many files on (2 cores here).
+PARALLEL_FROM = 16
+
+
+@dataclass
+class Run:
+    ranks: dict[int, RankTrace]
+    world: int
+    run_id: str
+    attempt: int
+    notes: list[str] = field(default_factory=list)  # input problems, one line each
+    paths: list[str] = field(default_factory=list)
+
+    @property
+    def missing(self) -> list[int]:
+        return [r for r in range(self.world) if r not in self.ranks]
+
+    @property
+    def backend(self) -> str:
+        for rt in self.ranks.values():
+            return str(rt.header.get("backend", "?"))
+        return "?"
+
+    def group_members(self, group: str) -> list[int]:
+        if group == "0":
+            return list(range(self.world))
+        for rt in self.ranks.values():
+            members = rt.header.get("_groups", {}).get(group)
+            if members is not None:
+                return list(members)
+        return sorted(r for r, rt in self.ranks.items() if group in rt.groups)
+
+    def duration_s(self) -> float:
+        return max((rt.last_ts for rt in self.ranks.values()), default=0) / 1e6
+
+
+def _read_all(files: list[str], jobs: int | None) -> list[RankTrace]:
+    if len(files) >= PARALLEL_FROM and (jobs or os.cpu_count() or 1) > 1:
+        with ProcessPoolExecutor(max_workers=jobs or min(os.cpu_count() or 1, 8)) as pool:
+            return list(pool.map(read_rank, files, chunksize=max(1, len(files) // 32)))
+    return [read_rank(f) for f in files]
+
+
+def load_run(paths: list[str], run_id: str | None = None, jobs: int | None = None) -> Run:
+    files = find_trace_files(paths)
+    traces = _read_all(files, jobs)
+    notes: list[str] = []
+    for rt in traces:
+        notes.extend(rt.problems)
+    traces = [rt for rt in traces if rt.header]
+    if not traces:
+        raise TraceError("no readable trace file: " + "; ".join(notes[:3]))
+    runs = Counter(rt.run for rt in traces)
+    if run_id is None:
+        if len(runs) > 1:
+            # The newest run (by start time) wins; the others are named so they can be chosen.
+            newest = max(traces, key=lambda rt: float(rt.header.get("wall0", 0)))
+            run_id = newest.run
+            others = ", ".join(f"{r} ({n} files)" for r, n in runs.items() if r != run_id)
+            notes.append(f"the folder holds {len(runs)} runs; reporting run {run_id}, "
+                         f"ignoring {others} (choose with --run)")
+        else:
+            run_id = next(iter(runs))
+    elif run_id not in runs:
+        raise TraceError(f"run {run_id} not found; runs here: {', '.join(runs)}")
+    traces = [rt for rt in traces if rt.run == run_id]
+    attempt = max(rt.attempt for rt in traces)
+    if any(rt.attempt != attempt for rt in traces):
+        notes.append(f"torchrun restarted this job; reporting the last attempt ({attempt})")
+        traces = [rt for rt in traces if rt.attempt == attempt]
+    ranks: dict[int, RankTrace] = {}
+    for rt in traces:
+        if rt.rank in ranks:
+            notes.append(f"two files for rank {rt.rank} in the same attempt; using "
+                         f"{os.path.basename(rt.path)}")
+        ranks[rt.rank] = rt
+    world = max(max((rt.world for rt in traces), default=0), max(ranks) + 1)
+    run = Run(ranks=dict(sorted(ranks.items())), world=world, run_id=run_id, attempt=attempt,
+              notes=notes, paths=list(paths))
+    if run.missing:
+        from .ranges import fmt_ranks
+
+        notes.append(f"no trace for rank(s) {fmt_ranks(run.missing)} of {world}: "
+                     "the report covers the ranks found")
+    return run
