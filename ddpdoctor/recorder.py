@@ -108,14 +108,56 @@ class Recorder:
             "hang_timeout_s": self.settings.hang_timeout, "tool": "ddpdoctor",
         }
         self.writer.write(header)
-        # Sites already interned before the file existed are in _pending in order.
+        # Call sites interned before the file existed (events refer to them by id), then the
+        # records made before the process group existed.
+        for sid in sorted(self.sites.records):
+            self.writer.write(self.sites.records[sid])
         for line in self._pending:
-            self.writer.write_line(line)
+            if not line.startswith('{"t":"site"'):
+                self.writer.write_line(line)
         self._pending.clear()
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+    def start_session(self, out: str, hang_timeout: float | None = None, on_hang: str | None = None,
+                      run_id: str | None = None) -> str | None:
+        """Start recording now into ``out`` (``ddpdoctor.check`` inside an initialised job,
+        without the launcher). Returns the trace file's path, or None if no process group exists."""
+        import dataclasses
+
+        from torch.distributed import distributed_c10d as c10d
+
+        if not c10d.is_initialized():
+            return None
+        changes: dict = {"out": out}
+        if hang_timeout is not None:
+            changes["hang_timeout"] = float(hang_timeout)
+        if on_hang is not None:
+            changes["on_hang"] = on_hang
+        if run_id is not None:
+            changes["run_id"] = run_id
+        self.settings = dataclasses.replace(self.settings, **changes)
+        self.enabled = True
+        self._pending.clear()  # what happened before the block is not part of it
+        from .lifecycle import _after_init
+
+        _after_init(self, None)
+        return self.writer.path if self.writer is not None else None
+
+    def end_session(self) -> str | None:
+        """Stop recording (the watchdog too) and close the file; returns its path."""
+        path = self.writer.path if self.writer is not None else None
+        if self.watchdog is not None:
+            self.watchdog.stop()
+            self.watchdog = None
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        self.seq.clear()
+        self.p2p.clear()
+        return path
 
     # -- groups -------------------------------------------------------------------------------
     def group_name(self, group) -> str:

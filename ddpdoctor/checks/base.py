@@ -11,13 +11,9 @@ from ..ranges import fmt_ranks
 from ..run import Run
 from ..sourceinfo import is_rank_dependent
 
-REGISTRY: list[type] = []
 DOCS_URL = "checks/{category}/README.md"
 
 
-def register(cls):
-    REGISTRY.append(cls)
-    return cls
 
 
 class Check:

@@ -1,0 +1,73 @@
+"""Shared helpers for tests: run real multi-rank jobs under ``ddpdoctor trace``, bounded."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+#: Every multi-process run is bounded by this many seconds unless a test says otherwise.
+RUN_TIMEOUT = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(script: str | os.PathLike, *args: str, nproc: int = 2) -> list[str]:
+    """A torchrun command line on a free loopback port (tests run in parallel-safe ports)."""
+    return [PY, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+            "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(script), *args]
+
+
+def trace(command: list[str], out: str | os.PathLike, *options: str, timeout: float = RUN_TIMEOUT,
+          env: dict | None = None) -> subprocess.CompletedProcess:
+    """``ddpdoctor trace [options] --out OUT -- command``, output captured, bounded in time."""
+    full_env = dict(os.environ)
+    full_env.setdefault("EXAMPLE_PG_TIMEOUT", "20")
+    full_env["PYTHONUNBUFFERED"] = "1"
+    if env:
+        full_env.update(env)
+    cmd = [PY, "-m", "ddpdoctor", "trace", "--out", str(out), *options, "--", *command]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
+                          cwd=str(ROOT))
+
+
+def report(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "ddpdoctor", "report", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, cwd=str(ROOT))
+
+
+def findings_json(trace_dir, *extra: str) -> dict:
+    import json
+
+    res = report(trace_dir, "--format", "json", *extra)
+    assert res.returncode in (0, 1), res.stderr
+    return json.loads(res.stdout)
+
+
+def read_records(trace_dir, rank: int) -> list[dict]:
+    """All records of one rank's trace file."""
+    import json
+
+    files = sorted(Path(trace_dir).glob(f"rank{rank:05d}-*.jsonl"))
+    assert files, f"no trace file for rank {rank} in {trace_dir}: {os.listdir(trace_dir)}"
+    out = []
+    with open(files[-1]) as f:
+        for line in f:
+            if line.endswith("\n"):
+                out.append(json.loads(line))
+    return out
+
+
+@pytest.fixture
+def tmp_trace(tmp_path):
+    return tmp_path / "trace"
