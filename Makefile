@@ -1,0 +1,34 @@
+# Set-up and entry points. `make demo` and `make test` create .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch is pinned to the CPU build that pip takes from this machine's disk: never a CUDA build.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: setup demo test lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+	$(PY) -m pip install -q "$(TORCH_PIN)" numpy
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(VENV)/bin/ddpdoctor trace --hang-timeout 8 --on-hang kill -- \
+		$(VENV)/bin/torchrun --nproc_per_node=2 --master_port=29533 examples/train_buggy.py; \
+		status=$$?; echo "(ddpdoctor trace exited $$status: 124 = job ended after the diagnosed hang)"
+
+test: setup
+	$(PY) -m pytest -q tests
+
+lint: setup
+	$(VENV)/bin/ruff check ddpdoctor tests bench examples checks
+
+bench: setup
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) ddpdoctor-traces .pytest_cache
