@@ -52,9 +52,9 @@ def on_torch_imported() -> None:
             return
         _done = True
     try:
-        from . import callsite, recorder
-
         import torch
+
+        from . import callsite, recorder
 
         callsite.add_skip_prefix(torch.__file__)
         rec = recorder.install()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
-import os
 import signal
 import sys
 import traceback
@@ -33,10 +32,13 @@ def record_exception(rec, exc: BaseException) -> None:
         file, line, func = _user_frame(exc.__traceback__)
         stack = [[fs.filename, fs.lineno, fs.name, (fs.line or "").strip()]
                  for fs in traceback.extract_tb(exc.__traceback__)[-8:]]
-        rec.emit({"t": "exit", "how": "exception", "exc": f"{type(exc).__name__}: {exc}"[:1000],
-                  "file": file, "line": line, "func": func, "stack": stack, "ts": rec.now_us(),
-                  "inflight": _inflight(rec)})
+        info = {"t": "exit", "how": "exception", "exc": f"{type(exc).__name__}: {exc}"[:1000],
+                "file": file, "line": line, "func": func, "stack": stack, "ts": rec.now_us(),
+                "inflight": _inflight(rec)}
+        rec.emit(info)
         rec._exit_recorded = True
+        if rec.watchdog is not None:
+            rec.watchdog.publish_exit({k: info[k] for k in ("how", "exc", "file", "line", "func")})
         if rec.writer is not None:
             rec.writer.sync()
     except Exception:
@@ -66,6 +68,8 @@ def install(rec) -> None:
             try:
                 rec.emit({"t": "exit", "how": "normal", "ts": rec.now_us(), "events": rec.events,
                           "seq": rec.position(), "pending_async": len(rec.async_pending)})
+                if rec.watchdog is not None:
+                    rec.watchdog.publish_exit({"how": "exited normally", "seq": rec.position()})
             except Exception:
                 pass
         if rec.watchdog is not None:

@@ -101,8 +101,13 @@ def run(command: list[str], out: str, hang_timeout: float | None, on_hang: str,
                 pass
             if on_hang == "kill" and not killed and os.path.exists(marker):
                 killed = True
-                time.sleep(0.5)  # let the ranks finish writing their diagnosis
-                kill_tree(proc.pid)
+                # The ranks end themselves (exit 124) once the diagnosis is written, and the
+                # launcher under us (torchrun) then exits; only what is left is killed.
+                try:
+                    rc = proc.wait(timeout=8)
+                    break
+                except subprocess.TimeoutExpired:
+                    kill_tree(proc.pid)
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)

@@ -186,7 +186,7 @@ def patch() -> None:
             rebuilt = rebuilt_before is False and getattr(self, "_has_rebuilt_buckets", False) is True
             if rebuilt and not comm and not joined:  # it did communicate after all
                 comm, seq = True, rec.next_seq(gname)
-            extra = f',"bufs":1' if sync_bufs else ""
+            extra = ',"bufs":1' if sync_bufs else ""
             extra += ',"grad":1' if grad else ""
             extra += ',"join":1' if joined else ""
             kind = "c" if comm else "e"

@@ -15,7 +15,8 @@ import json
 import threading
 import time
 
-from . import describe, recorder as recorder_mod
+from . import describe
+from . import recorder as recorder_mod
 
 _PATCHED_MARK = "__ddpdoctor_wrapped__"
 

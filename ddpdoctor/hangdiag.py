@@ -1,0 +1,231 @@
+"""The hang diagnosis: from every rank's position to a verdict, a culprit and a table.
+
+Pure functions over plain dicts, shared by the live watchdog (statuses gathered through the
+c10d store) and the offline report (statuses rebuilt from trace files). The culprit is found
+by comparing ranks (the minority op, the rank that never arrived, the rank that died, the rank
+that is not in any collective), never by assuming that rank 0 is right.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+from .ranges import fmt_ranks
+from .sourceinfo import is_rank_dependent
+
+# Verdicts. "stall" means some ranks wait while others still run Python code: it may resolve.
+DIVERGED, DEAD, STALL, ELSEWHERE, BACKEND = "diverged", "rank-gone", "stall", "other-group", "backend"
+
+
+def _where(site: dict | None) -> str:
+    if not site:
+        return "?"
+    via = f" via {site['via']}" if site.get("via") else ""
+    return f"{os.path.basename(str(site.get('file', '?')))}:{site.get('line', 0)} {site.get('func', '?')}(){via}"
+
+
+def _op_label(st: dict) -> str:
+    op = st.get("op", "?")
+    label = {"ddp_forward": "DDP forward (buffers)", "ddp_backward": "DDP backward (gradients)",
+             "ddp_init": "DDP construction"}.get(op, op)
+    return f"{label} #{st.get('s')}" if st.get("s") else label
+
+
+def _innermost_user_frame(st: dict) -> list | None:
+    for thread in st.get("stacks") or []:
+        if thread.get("main"):
+            frames = thread.get("frames") or []
+            return frames[-1] if frames else None
+    return None
+
+
+def diagnose(statuses: dict[int, dict], world: int, hang_timeout: float, reporter: int,
+             members: list[int] | None = None) -> dict:
+    """Build the diagnosis. ``statuses[rank]`` has ``state`` (collective | running | exited |
+    unknown) and, in a collective, ``op``, ``g``, ``s``, ``site``, ``since_s``."""
+    me = statuses.get(reporter, {})
+    g0, s0 = me.get("g", "0"), me.get("s")
+    ranks = members if members else list(range(world))
+    classes: dict[str, list[int]] = defaultdict(list)
+    for r in ranks:
+        st = statuses.get(r) or {"state": "unknown"}
+        state = st.get("state")
+        if state == "collective":
+            if st.get("g") == g0 and st.get("s") == s0:
+                classes["arrived:" + str(st.get("op"))].append(r)
+            elif st.get("g") == g0:
+                classes["desync"].append(r)
+            else:
+                classes["elsewhere"].append(r)
+        elif state == "running":
+            classes["running"].append(r)
+        else:
+            classes["gone"].append(r)
+    arrived_ops = {k: v for k, v in classes.items() if k.startswith("arrived:")}
+    culprit: list[int] = []
+    reason = ""
+    if len(arrived_ops) > 1 or classes.get("desync"):
+        verdict = DIVERGED
+        groups = dict(arrived_ops)
+        if classes.get("desync"):
+            groups["desync"] = classes["desync"]
+        culprit, reason = _minority(groups, statuses)
+    elif classes.get("gone"):
+        verdict = DEAD
+        culprit = classes["gone"]
+        reason = "it exited or stopped answering while the others wait for it"
+    elif classes.get("running"):
+        verdict = STALL
+        culprit = classes["running"]
+        reason = "it is not in any collective: the others wait for it"
+    elif classes.get("elsewhere"):
+        verdict = ELSEWHERE
+        culprit = classes["elsewhere"]
+        reason = "it waits in a collective of another process group"
+    else:
+        verdict = BACKEND
+        reason = "every rank is inside the same collective: the backend itself does not complete it"
+    condition = _condition(culprit, statuses, ranks)
+    return {"verdict": verdict, "group": g0, "seq": s0, "op": me.get("op"),
+            "hang_timeout_s": hang_timeout, "waited_s": round(float(me.get("since_s", 0.0)), 1),
+            "culprit": culprit, "reason": reason, "condition": condition,
+            "rows": _rows(statuses, ranks), "reporter": reporter,
+            "locations": _locations(statuses, ranks)}
+
+
+def _locations(statuses: dict[int, dict], ranks: list[int], limit: int = 8) -> list[dict]:
+    """Full source locations of where ranks are (one per distinct place)."""
+    out: list[dict] = []
+    seen: set = set()
+    for r in ranks:
+        st = statuses.get(r) or {}
+        if st.get("state") == "collective" and st.get("site"):
+            site, role = st["site"], "wait"
+            loc = (site.get("file"), site.get("line"), site.get("func"), site.get("src", ""))
+        elif st.get("state") == "running":
+            frame, role = _innermost_user_frame(st), "running"
+            if not frame:
+                continue
+            loc = (frame[0], frame[1], frame[2], frame[3] if len(frame) > 3 else "")
+        elif st.get("state") == "exited" and (st.get("exit") or {}).get("file"):
+            ex, role = st["exit"], "exception"
+            loc = (ex.get("file"), ex.get("line"), ex.get("func", ""), "")
+        else:
+            continue
+        if (loc[0], loc[1]) in seen:
+            continue
+        seen.add((loc[0], loc[1]))
+        out.append({"rank": r, "file": loc[0], "line": loc[1], "function": loc[2], "source": loc[3],
+                    "role": role})
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _minority(groups: dict[str, list[int]], statuses: dict[int, dict]) -> tuple[list[int], str]:
+    sizes = sorted(((len(v), k) for k, v in groups.items()), reverse=True)
+    majority_key = sizes[0][1]
+    if sizes[0][0] > sizes[1][0]:
+        culprit = sorted(r for k, v in groups.items() if k != majority_key for r in v)
+        maj = groups[majority_key]
+        maj_label = _op_label(statuses[maj[0]]) if majority_key != "desync" else "other calls"
+        mine = {(_op_label(statuses[r])) for r in culprit if statuses.get(r, {}).get("state") == "collective"}
+        return culprit, f"it issued {', '.join(sorted(mine)) or 'another call'} where " \
+                        f"rank{'s' if len(maj) > 1 else ''} {fmt_ranks(maj)} issued {maj_label}"
+    # A tie: blame the side whose call sits under a rank-dependent condition the others do not.
+    flagged = []
+    for k, rs in groups.items():
+        mine = _rank_conds(statuses.get(rs[0], {}))
+        theirs = set()
+        for k2, rs2 in groups.items():
+            if k2 != k:
+                theirs |= {(c[0], c[1]) for c in _rank_conds(statuses.get(rs2[0], {}))}
+        if any((c[0], c[1]) not in theirs for c in mine):
+            flagged.append(k)
+    labels = "; ".join(f"{fmt_ranks(v)}: {_op_label(statuses[v[0]])}" for v in groups.values())
+    if len(flagged) == 1:
+        return sorted(groups[flagged[0]]), f"the ranks disagree ({labels}); its call is under a " \
+                                           "rank-dependent condition"
+    return [], f"the ranks disagree ({labels})"
+
+
+def _rank_conds(st: dict) -> list:
+    site = st.get("site") or {}
+    return [c for c in site.get("conds") or [] if is_rank_dependent(str(c[2]))]
+
+
+def _condition(culprit: list[int], statuses: dict[int, dict], ranks: list[int]) -> dict | None:
+    """The rank-dependent branch the culprit took and the others did not, if the source shows it."""
+    if not culprit:
+        return None
+    st = statuses.get(culprit[0], {})
+    others = [statuses.get(r, {}) for r in ranks if r not in culprit]
+    theirs = set()
+    for o in others:
+        for c in (o.get("site") or {}).get("conds") or []:
+            theirs.add((c[0], c[1]))
+    for c in _rank_conds(st):
+        if (c[0], c[1]) not in theirs:
+            return {"rank": culprit[0], "file": c[0], "line": c[1], "text": c[2],
+                    "call": _where(st.get("site"))}
+    return None
+
+
+def _rows(statuses: dict[int, dict], ranks: list[int]) -> list[list]:
+    """Table rows with identical ranks grouped (1-3), so 256 ranks stay a few lines."""
+    grouped: dict[tuple, list[int]] = defaultdict(list)
+    for r in ranks:
+        st = statuses.get(r) or {"state": "unknown"}
+        state = st.get("state", "unknown")
+        if state == "collective":
+            key = ("waiting", _op_label(st), _where(st.get("site")))
+        elif state == "running":
+            frame = _innermost_user_frame(st)
+            where = f"{os.path.basename(str(frame[0]))}:{frame[1]} {frame[2]}()" if frame else "?"
+            cpu = st.get("cpu")
+            key = (f"running{f' ({cpu:.0f}% CPU)' if isinstance(cpu, (int, float)) else ''}",
+                   "not in a collective", where)
+        elif state == "exited":
+            ex = st.get("exit") or {}
+            what = ex.get("exc") or ex.get("how") or "exited"
+            where = f"{os.path.basename(str(ex.get('file', '')))}:{ex.get('line')}" if ex.get("file") else "-"
+            key = ("exited", str(what)[:70], where)
+        else:
+            key = (state if state != "unknown" else "no answer", st.get("detail", "-"), "-")
+        grouped[key].append(r)
+    return [[fmt_ranks(rs), *key] for key, rs in sorted(grouped.items(), key=lambda kv: kv[1][0])]
+
+
+def render(diag: dict, statuses: dict[int, dict] | None = None) -> str:
+    """Terminal text of a diagnosis (tabulate)."""
+    from tabulate import tabulate
+
+    title = {DIVERGED: "HANG", DEAD: "HANG", ELSEWHERE: "HANG", BACKEND: "HANG",
+             STALL: "STALL (possible hang)"}[diag["verdict"]]
+    op = diag.get("op") or "?"
+    lines = [f"ddpdoctor: {title} after {diag.get('waited_s', 0):.0f} s in process group "
+             f"{diag.get('group')}, collective #{diag.get('seq')} ({op})"]
+    table = tabulate(diag["rows"], headers=["rank", "state", "op / where", "call site"], tablefmt="simple")
+    lines.extend(" " + t for t in table.splitlines())
+    if diag.get("culprit"):
+        lines.append(f" culprit: rank{'s' if len(diag['culprit']) > 1 else ''} "
+                     f"{fmt_ranks(diag['culprit'])} — {diag['reason']}")
+    else:
+        lines.append(f" no single culprit: {diag['reason']}")
+    cond = diag.get("condition")
+    if cond:
+        lines.append(f" rank {cond['rank']} reached {cond['call']} through "
+                     f"{os.path.basename(str(cond['file']))}:{cond['line']} `{cond['text']}`")
+    if statuses and diag["verdict"] in (STALL, DEAD):
+        for r in diag["culprit"][:2]:
+            st = statuses.get(r) or {}
+            for thread in st.get("stacks") or []:
+                if not thread.get("main"):
+                    continue
+                lines.append(f" rank {r} main thread (innermost last):")
+                for fr in (thread.get("frames") or [])[-8:]:
+                    lines.append(f"    {fr[2]} ({os.path.basename(str(fr[0]))}:{fr[1]})  {fr[3] if len(fr) > 3 else ''}".rstrip())
+    if diag["verdict"] == STALL:
+        lines.append(" (a stall becomes a hang if it never resolves; ddpdoctor says so if it does)")
+    return "\n".join(lines)
