@@ -19,6 +19,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 #: Frames under these prefixes are never the user's call site.
 _SKIP_PREFIXES: list[str] = [_HERE]
 _SKIP_NAMES = ("<frozen ", "<string>")
+#: nn.Module call plumbing: never the interesting library entry point.
+_CALL_MACHINERY = frozenset({"_wrapped_call_impl", "_call_impl", "inner", "_fn", "decorate_context"})
 #: How many user frames are kept per site (innermost first when walking).
 STACK_DEPTH = 6
 
@@ -58,7 +60,7 @@ class SiteTable:
         while f is not None and n < STACK_DEPTH:
             code = f.f_code
             if _is_library(code.co_filename):
-                if not key and len(lib_frames) < 3:
+                if not key and len(lib_frames) < 8:
                     lib_frames.append((code, f.f_lineno))
             else:
                 key.append((code, f.f_lineno))
@@ -86,9 +88,11 @@ class SiteTable:
             else:
                 rec.update(file="?", line=0, func="?", src="")
             rec["stack"] = stack
-            if lib_frames:
-                # The library function the user line called into (a DDP forward, a metric...).
-                code, line = lib_frames[-1]
+            entry = [(c, ln) for c, ln in lib_frames if not c.co_filename.startswith(_HERE)
+                     and c.co_name not in _CALL_MACHINERY]
+            if entry:
+                # The library function the user line called into (a metric, an optimizer...).
+                code, line = entry[-1]
                 rec["via"] = f"{code.co_name} ({os.path.basename(code.co_filename)}:{line})"
             conds = sourceinfo.conditions_for_stack([(s[0], s[1]) for s in stack])
             if conds:

@@ -37,6 +37,7 @@ def record_exception(rec, exc: BaseException) -> None:
                 "inflight": _inflight(rec)}
         rec.emit(info)
         rec._exit_recorded = True
+        rec.exit_info = {k: info[k] for k in ("how", "exc", "file", "line", "func")}
         if rec.watchdog is not None:
             rec.watchdog.publish_exit({k: info[k] for k in ("how", "exc", "file", "line", "func")})
         if rec.writer is not None:

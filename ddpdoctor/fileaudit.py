@@ -8,11 +8,17 @@ checker can decide happens-before across ranks from the collectives, not from ti
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
 _WATCH = {"open": None, "os.remove": "rm", "os.rename": "mv", "os.mkdir": "mkdir",
-          "os.rmdir": "rm", "shutil.rmtree": "rm", "os.truncate": "w"}
+          "os.rmdir": "rm", "shutil.rmtree": "rm", "os.truncate": "w",
+          # raised by our torch.save wrapper: torch writes ASCII paths from C++ (no "open" event)
+          "ddpdoctor.write": "w"}
+#: Position of the ``dir_fd`` argument per event: a path relative to a directory descriptor
+#: (shutil.rmtree's inner calls) cannot be resolved here; the outer event covers it.
+_DIR_FD_ARG = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 2, "os.rename": 2, "shutil.rmtree": 1}
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 #: Record at most this many file operations per rank (a dataset of a million files would
 #: otherwise fill the trace); the trace says when the cap was reached.
@@ -65,17 +71,24 @@ def install(rec) -> None:
                 path = os.fsdecode(path)
             if not isinstance(path, str):
                 return
+            i = _DIR_FD_ARG.get(event)
+            if i is not None and len(args) > i and args[i] is not None:
+                return
+            append = False
             if op is None:  # open: decide read or write from the mode/flags
                 mode, flags = (args[1], args[2]) if len(args) >= 3 else (args[1] if len(args) > 1 else "r", 0)
                 if isinstance(mode, str) and mode:
                     op = "w" if any(c in mode for c in "wax+") else "r"
+                    append = "a" in mode
                 else:
                     op = "w" if (flags or 0) & _WRITE_FLAGS else "r"
+                    append = bool((flags or 0) & os.O_APPEND)
             path = os.path.abspath(path)
             if path.startswith(ignored) or path.endswith(ignored_suffixes):
                 return
             pos = r.position()
-            key = (op, path, tuple(sorted(pos.items())))
+            done = _completed(r, pos)
+            key = (op, path, tuple(sorted(pos.items())), tuple(sorted(done.items())))
             if key in seen:
                 return
             if state["n"] >= MAX_RECORDS:
@@ -87,6 +100,10 @@ def install(rec) -> None:
             state["n"] += 1
             rec_ = {"t": "file", "op": op, "path": path, "pos": pos, "ts": r.now_us(),
                     "site": r.sites.current(2)}
+            if done:
+                rec_["done"] = done
+            if append:
+                rec_["app"] = 1
             if event == "os.rename" and len(args) > 1 and isinstance(args[1], (str, bytes)):
                 rec_["to"] = os.path.abspath(os.fsdecode(args[1]))
             r.emit(rec_)
@@ -96,3 +113,46 @@ def install(rec) -> None:
             r.local.in_audit = False
 
     sys.addaudithook(hook)
+    _patch_torch_save()
+
+
+def _completed(r, pos: dict) -> dict:
+    """Groups whose latest sequence events are not complete yet (a collective in flight on
+    another thread, ``async_op`` work not waited for): the count of completed events there.
+    ``pos`` counts issued events; a later completed event implies the earlier ones (in order
+    per group), so only the trailing unfinished ones are subtracted."""
+    pending: dict = {}
+    for info in list(r.inflight.values()) + list(r.async_pending.values()):
+        try:
+            pending.setdefault(info[1], set()).add(int(info[2]))
+        except (IndexError, TypeError, ValueError):
+            continue
+    out = {}
+    for g, seqs in pending.items():
+        c = pos.get(g, 0)
+        while c in seqs:
+            c -= 1
+        if c != pos.get(g, 0):
+            out[g] = c
+    return out
+
+
+def _patch_torch_save() -> None:
+    """torch.save hands an ASCII path to C++, which opens it without an audit event: raise one."""
+    try:
+        from torch import serialization
+    except Exception:
+        return
+    cls = getattr(serialization, "_open_zipfile_writer_file", None)
+    orig = getattr(cls, "__init__", None)
+    if orig is None or getattr(orig, "__ddpdoctor_wrapped__", False):
+        return
+
+    @functools.wraps(orig)
+    def __init__(self, name, *args, **kwargs):
+        if isinstance(name, (str, bytes, os.PathLike)):
+            sys.audit("ddpdoctor.write", os.fspath(name))
+        return orig(self, name, *args, **kwargs)
+
+    __init__.__ddpdoctor_wrapped__ = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__

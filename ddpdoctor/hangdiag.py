@@ -133,7 +133,17 @@ def _minority(groups: dict[str, list[int]], statuses: dict[int, dict]) -> tuple[
         mine = {(_op_label(statuses[r])) for r in culprit if statuses.get(r, {}).get("state") == "collective"}
         return culprit, f"it issued {', '.join(sorted(mine)) or 'another call'} where " \
                         f"rank{'s' if len(maj) > 1 else ''} {fmt_ranks(maj)} issued {maj_label}"
-    # A tie: blame the side whose call sits under a rank-dependent condition the others do not.
+    labels = "; ".join(f"{fmt_ranks(v)}: {_op_label(statuses[v[0]])}" for v in groups.values())
+    # A tie. Uneven inputs: one side is in a DDP step and ran more DDP steps than the other.
+    steps = {k: max(int(statuses.get(r, {}).get("ddp_steps", 0) or 0) for r in rs) for k, rs in groups.items()}
+    ddp_side = [k for k, rs in groups.items()
+                if str(statuses.get(rs[0], {}).get("op", "")).startswith("ddp_")]
+    if len(ddp_side) == 1 and len(set(steps.values())) > 1 and steps[ddp_side[0]] == max(steps.values()):
+        k = ddp_side[0]
+        others = "/".join(str(v) for kk, v in steps.items() if kk != k)
+        return sorted(groups[k]), (f"uneven inputs: it is in a DDP step after {steps[k]} backward "
+                                   f"passes, the others ran {others} ({labels})")
+    # Otherwise blame the side whose call sits under a rank-dependent condition the others do not.
     flagged = []
     for k, rs in groups.items():
         mine = _rank_conds(statuses.get(rs[0], {}))
@@ -143,7 +153,6 @@ def _minority(groups: dict[str, list[int]], statuses: dict[int, dict]) -> tuple[
                 theirs |= {(c[0], c[1]) for c in _rank_conds(statuses.get(rs2[0], {}))}
         if any((c[0], c[1]) not in theirs for c in mine):
             flagged.append(k)
-    labels = "; ".join(f"{fmt_ranks(v)}: {_op_label(statuses[v[0]])}" for v in groups.values())
     if len(flagged) == 1:
         return sorted(groups[flagged[0]]), f"the ranks disagree ({labels}); its call is under a " \
                                            "rank-dependent condition"

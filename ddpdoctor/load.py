@@ -27,6 +27,21 @@ _RARE = frozenset({"pg", "init", "file", "file_cap", "seed", "split", "sampler",
                    "ddp", "exit", "hang", "pending", "w"})
 
 
+#: Ops counted as barriers (RankTrace.after_barrier).
+BARRIER_OPS = frozenset({"barrier", "monitored_barrier"})
+# Fields whose type the loader relies on; a record with another type there is skipped as corrupt.
+_TYPED = (("t", str), ("op", str), ("g", str), ("ch", str), ("d", int), ("ts", (int, float)),
+          ("s", int), ("site", (int, type(None))))
+
+
+def _well_typed(rec: dict) -> bool:
+    for key, typ in _TYPED:
+        v = rec.get(key)
+        if v is not None and not isinstance(v, typ):
+            return False
+    return True
+
+
 class TraceError(Exception):
     """A problem with the input that the user must fix (a missing or empty folder)."""
 
@@ -60,7 +75,13 @@ class RankTrace:
     overlaps: list = field(default_factory=list)  # collectives on DDP params/grads
     ddp_steps: dict = field(default_factory=lambda: {"ddp_forward": 0, "ddp_backward": 0})
     ddp_sites: dict = field(default_factory=dict)  # op -> site of last DDP step
-    waits: dict = field(default_factory=dict)  # op -> [count, total µs]
+    # DDP forwards/backwards that did not communicate ("e" records), also counted in ddp_steps
+    ddp_local: dict = field(default_factory=lambda: {"ddp_forward": 0, "ddp_backward": 0})
+    waits: dict = field(default_factory=dict)  # op -> [count, total µs, longest µs]
+    op_sites: dict = field(default_factory=dict)  # (op, site) -> [count, total µs]
+    # (barrier site, op of the next event in the barrier's group) -> count
+    after_barrier: dict = field(default_factory=dict)
+    last_op: dict = field(default_factory=dict)  # group -> (op, site) of its latest event
     events: int = 0
     last_ts: int = 0
     bad_lines: int = 0
@@ -135,7 +156,7 @@ def read_rank(path: str) -> RankTrace:
             except ValueError:
                 rt.bad_lines += 1
                 continue
-            if not isinstance(rec, dict):
+            if not isinstance(rec, dict) or not _well_typed(rec):
                 rt.bad_lines += 1
                 continue
             t = rec.get("t")
@@ -162,18 +183,34 @@ def read_rank(path: str) -> RankTrace:
                 if op in rt.ddp_steps:
                     rt.ddp_steps[op] += 1
                     rt.ddp_sites[op] = rec.get("site")
+                d = rec.get("d", 0)
                 w = rt.waits.get(op)
                 if w is None:
-                    rt.waits[op] = [1, rec.get("d", 0)]
+                    rt.waits[op] = [1, d, d]
                 else:
                     w[0] += 1
-                    w[1] += rec.get("d", 0)
+                    w[1] += d
+                    if d > w[2]:
+                        w[2] = d
+                site = rec.get("site")
+                w = rt.op_sites.get((op, site))
+                if w is None:
+                    rt.op_sites[(op, site)] = [1, d]
+                else:
+                    w[0] += 1
+                    w[1] += d
+                prev = rt.last_op.get(g)
+                if prev is not None and prev[0] in BARRIER_OPS:
+                    k = (prev[1], op)
+                    rt.after_barrier[k] = rt.after_barrier.get(k, 0) + 1
+                rt.last_op[g] = (op, site)
                 rt.last_ts = rec.get("ts", rt.last_ts)
             elif t == "p":
                 rt.events += 1
                 key = f'{rec.get("g", "0")}:{rec.get("ch", "?")}'
                 ent = rt.p2p.get(key)
-                sig = (rec.get("op", "")[-4:] + "|" + str(rec.get("x", rec.get("nobj", "")))).encode()
+                # direction-neutral, so a send and its matching recv have the same digest
+                sig = ("obj|" + str(rec.get("nobj")) if "nobj" in rec else "t|" + str(rec.get("x"))).encode()
                 if ent is None:
                     rt.p2p[key] = [1, crc(sig), rec]
                 else:
@@ -189,6 +226,7 @@ def read_rank(path: str) -> RankTrace:
                 op = rec.get("op", "?")
                 if op in rt.ddp_steps:
                     rt.ddp_steps[op] += 1
+                    rt.ddp_local[op] += 1
                     rt.ddp_sites[op] = rec.get("site")
                 if "err" in rec:
                     rt.errors.append(rec)

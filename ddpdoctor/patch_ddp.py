@@ -44,33 +44,66 @@ def _names_digest(named) -> str:
     return format(zlib.crc32(s.encode()), "08x")
 
 
+def _extent(t) -> tuple[int, int]:
+    """Byte range [lo, hi) a tensor's elements span inside its storage."""
+    n = t.numel()
+    if n == 0:
+        return 0, 0
+    span = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+    lo = t.data_ptr()
+    return lo, lo + span * t.element_size()
+
+
 def overlap(rec, values) -> list[str]:
-    """Names of DDP parameters/gradients whose storage a collective's tensors share."""
+    """Names of DDP parameters/gradients whose memory a collective's tensors overlap.
+
+    Matched by byte range inside the storage, not by storage alone: with
+    ``gradient_as_bucket_view=True`` all gradients of a bucket share one storage. A hit is
+    confirmed against the live tensor, since freed gradient memory is soon reused by unrelated
+    tensors (a logged loss) while the map may still name it."""
+    import weakref
+
     state = rec.__dict__.setdefault("_ddp_ptrs", {"dirty": True, "map": {}})
     if state["dirty"]:
-        ptrs: dict[int, str] = {}
+        ptrs: dict[int, list] = {}
         for ref in rec.ddp_refs:
             mod = ref()
             if mod is None:
                 continue
             for name, p in mod.module.named_parameters():
-                try:
-                    ptrs.setdefault(p.untyped_storage().data_ptr(), name)
-                    if p.grad is not None:
-                        ptrs.setdefault(p.grad.untyped_storage().data_ptr(), name + ".grad")
-                except Exception:
-                    continue
-        ptrs.pop(0, None)
+                for t, label, is_grad in ((p, name, False), (p.grad, name + ".grad", True)):
+                    if t is None:
+                        continue
+                    try:
+                        lo, hi = _extent(t)
+                        sp = t.untyped_storage().data_ptr()
+                    except Exception:
+                        continue
+                    if sp and hi > lo:
+                        ptrs.setdefault(sp, []).append((lo, hi, label, weakref.ref(p), is_grad))
         state["map"], state["dirty"] = ptrs, False
     found: list[str] = []
     ptrs = state["map"]
     for v in values:
         for t in (v if isinstance(v, (list, tuple)) else [v]):
             try:
-                name = ptrs.get(t.untyped_storage().data_ptr())
+                sp = t.untyped_storage().data_ptr()
+                cands = ptrs.get(sp)
+                if not cands:
+                    continue
+                lo, hi = _extent(t)
             except Exception:
                 continue
-            if name is not None and name not in found:
+            for clo, chi, name, pref, is_grad in cands:
+                if clo >= hi or lo >= chi or name in found:
+                    continue
+                p = pref()
+                cur = None if p is None else (p.grad if is_grad else p)
+                try:
+                    if cur is None or cur.untyped_storage().data_ptr() != sp:
+                        continue
+                except Exception:
+                    continue
                 found.append(name)
                 if len(found) >= 8:
                     return found
@@ -235,13 +268,20 @@ class _BackwardHook:
             step = self.info["bwd"]
             kind = "e" if self.joined else "c"
 
+            engine = torch.autograd.Variable._execution_engine
+
             def done():
                 rec.inflight.pop(key, None)
+                # gradients exist now (the first backward creates them): rebuild the overlap map
+                rec.__dict__.setdefault("_ddp_ptrs", {"dirty": True, "map": {}})["dirty"] = True
                 rec.emit_line(f'{{"t":"{kind}","op":"ddp_backward","g":"{self.g}","s":{seq},'
                               f'"ts":{start},"d":{rec.now_us() - start},"site":{self.site},'
                               f'"step":{step}}}')
 
-            torch.autograd.Variable._execution_engine.queue_callback(done)
+            # This hook runs before any parameter's gradient, so a callback queued now would run
+            # before the one DDP queues to wait for its all-reduce; queueing again from inside
+            # ours puts the end of the event after DDP's wait.
+            engine.queue_callback(lambda: engine.queue_callback(done))
         except Exception as exc:
             rec.internal_error(exc)
         return None

@@ -193,8 +193,13 @@ class Watchdog(threading.Thread):
         rec = self.rec
         infl = list(rec.inflight.values())
         st: dict = {"rank": rec.rank, "pid": os.getpid(), "host": hostname(), "seq": rec.position(),
-                    "cpu": None if self.cpu_percent is None else round(self.cpu_percent, 1)}
-        if infl:
+                    "cpu": None if self.cpu_percent is None else round(self.cpu_percent, 1),
+                    "ddp_steps": _ddp_steps(rec)}
+        exit_info = getattr(rec, "exit_info", None)
+        if exit_info and not infl:
+            # The main thread raised, yet the process lives on (a non-daemon thread keeps it).
+            st.update(state="exited", exit=exit_info, stacks=_stacks())
+        elif infl:
             op, g, s, site, start = min(infl, key=lambda i: i[4])
             st.update(state="collective", op=op, g=g, s=s, site=rec.sites.records.get(site),
                       since_s=round((now - start) / 1e6, 3))
@@ -382,6 +387,17 @@ class Watchdog(threading.Thread):
         self._stop_evt.set()
         time.sleep(_GRACE_S)
         os._exit(EXIT_HANG)
+
+
+def _ddp_steps(rec) -> int:
+    """DDP backward passes this rank has run (over all its DDP modules)."""
+    n = 0
+    for ref in rec.ddp_refs:
+        mod = ref()
+        info = getattr(mod, "_ddpdoctor", None) if mod is not None else None
+        if info:
+            n += int(info.get("bwd", 0))
+    return n
 
 
 def _slim(status: dict) -> dict:

@@ -1,0 +1,1 @@
+"""pytest plugin for ddpdoctor (being written): inert unless used."""
