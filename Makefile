@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # torch is pinned to the CPU build that pip takes from this machine's disk: never a CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup chromium demo test lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,13 @@ demo: setup
 		$(VENV)/bin/torchrun --nproc_per_node=2 --master_port=29533 examples/train_buggy.py; \
 		status=$$?; echo "(ddpdoctor trace exited $$status: 124 = job ended after the diagnosed hang)"
 
-test: setup
+# Headless Chromium renders the HTML report in tests/test_html_report.py (Debian's package).
+# Idempotent; where apt is unavailable it does nothing and that test skips itself.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 || true; }
+
+test: setup chromium
 	$(PY) -m pytest -q tests
 
 lint: setup

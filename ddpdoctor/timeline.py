@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from bisect import bisect_left
 from collections import defaultdict
 
@@ -137,9 +138,11 @@ class _Writer:
         self.f = f
         self.count = 0
 
+    _encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
     def event(self, ev: dict) -> None:
         try:
-            text = json.dumps(ev, separators=(",", ":"), allow_nan=False)
+            text = self._encode(ev)
         except (ValueError, TypeError):  # NaN/inf or odd values from an untrusted trace
             ev = dict(ev, args={k: str(v) for k, v in (ev.get("args") or {}).items()})
             text = json.dumps(ev, separators=(",", ":"), default=str)
@@ -147,37 +150,41 @@ class _Writer:
         self.count += 1
 
 
-def _site_args(rt_sites: dict, sid) -> dict:
-    s = rt_sites.get(sid)
-    if not s:
-        return {}
-    out = {"call_site": f"{s.get('file', '?')}:{s.get('line', 0)} {s.get('func', '')}"}
-    if s.get("src"):
-        out["source"] = s.get("src")
-    if s.get("via"):
-        out["via"] = s.get("via")
-    return out
+class _Sites:
+    """A rank's call sites as slice arguments, built once per site."""
+
+    def __init__(self, sites: dict) -> None:
+        self.sites = sites
+        self.cache: dict = {}
+
+    def args(self, sid) -> dict:
+        out = self.cache.get(sid)
+        if out is None:
+            s = self.sites.get(sid) if isinstance(sid, (int, str)) else None
+            out = {}
+            if s:
+                out["call_site"] = f"{s.get('file', '?')}:{s.get('line', 0)} {s.get('func', '')}"
+                if s.get("src"):
+                    out["source"] = s.get("src")
+                if s.get("via"):
+                    out["via"] = s.get("via")
+            if isinstance(sid, (int, str)):
+                self.cache[sid] = out
+        return out
 
 
-_ARG_NAMES = (("x", "shapes"), ("xo", "other_tensors"), ("n", "numel"), ("rop", "reduce_op"),
-              ("root", "root"), ("groot", "group_root"), ("nobj", "objects"), ("obj", "object"),
-              ("ch", "channel"), ("step", "step"), ("bufs", "syncs_buffers"),
-              ("ddp_overlap", "ddp_overlap"), ("batch", "batch"), ("err", "error"))
+#: Record keys shown in a slice's args, under readable names.
+_ARG_NAMES = {"g": "group", "s": "seq", "x": "shapes", "xo": "other_tensors", "n": "numel",
+              "rop": "reduce_op", "root": "root", "groot": "group_root", "nobj": "objects",
+              "obj": "object", "ch": "channel", "step": "step", "bufs": "syncs_buffers",
+              "ddp_overlap": "ddp_overlap", "batch": "batch", "async": "async", "err": "error"}
 
 
-def _event_args(rec: dict, sites: dict) -> dict:
-    args: dict = {}
-    if "g" in rec:
-        args["group"] = rec.get("g")
-    if rec.get("s"):
-        args["seq"] = rec.get("s")
-    for key, name in _ARG_NAMES:
-        if key in rec:
-            args[name] = rec[key]
-    if rec.get("async"):
-        args["async"] = True
-    args["time_inside_ms"] = round(_num(rec.get("d")) / 1000, 3)
-    args.update(_site_args(sites, rec.get("site")))
+def _event_args(rec: dict, sites: _Sites) -> dict:
+    names = _ARG_NAMES
+    args = {names[k]: v for k, v in rec.items() if k in names}
+    args["time_inside_ms"] = _num(rec.get("d")) / 1000
+    args.update(sites.args(rec.get("site")))
     return args
 
 
@@ -192,7 +199,8 @@ class _RankWriter:
     """Writes one rank's events: lanes, window filter, markers."""
 
     def __init__(self, out: _Writer, pid: int, offset_us: int, window, sites: dict) -> None:
-        self.out, self.pid, self.offset, self.window, self.sites = out, pid, offset_us, window, sites
+        self.out, self.pid, self.offset, self.window = out, pid, offset_us, window
+        self.sites = _Sites(sites)
         self.lanes: dict[int, _Lanes] = defaultdict(_Lanes)
         self.named: set[int] = set()
 
@@ -294,12 +302,13 @@ def _stream_rank(out: _Writer, rt, pid: int, offset_us: int, window, findings: l
     exit_rec: dict | None = None
     last_ts = 0
     try:
-        f = open(rt.path, "rb")
+        # Text mode: json.loads of str skips the encoding sniffing it does for bytes.
+        f = open(rt.path, encoding="utf-8", errors="replace", newline="\n")
     except OSError:
         return
     with f:
         for raw in f:
-            if not raw.endswith(b"\n"):
+            if not raw.endswith("\n"):
                 break  # a rank killed mid-write
             try:
                 rec = json.loads(raw)
@@ -320,19 +329,19 @@ def _stream_rank(out: _Writer, rt, pid: int, offset_us: int, window, findings: l
                 for fnd in wanted.get(key, ()):
                     placed.setdefault(id(fnd), ts)
                 track = TRACK_DDP if op in _DDP_OPS else TRACK_COLLECTIVES
-                rw.slice(track, op, ts, dur, _event_args(rec, rt.sites),
+                rw.slice(track, op, ts, dur, _event_args(rec, rw.sites),
                          "ddp" if track == TRACK_DDP else "collective", error="err" in rec)
             elif t == "p":
-                rw.slice(TRACK_P2P, f"{op} {rec.get('ch', '?')}", ts, dur, _event_args(rec, rt.sites),
+                rw.slice(TRACK_P2P, f"{op} {rec.get('ch', '?')}", ts, dur, _event_args(rec, rw.sites),
                          "p2p", error="err" in rec)
             elif t == "w":
-                rw.slice(TRACK_WAIT, f"wait {op}", ts, dur, _event_args(rec, rt.sites), "wait")
+                rw.slice(TRACK_WAIT, f"wait {op}", ts, dur, _event_args(rec, rw.sites), "wait")
             elif t == "e":
-                rw.instant(TRACK_DDP, op, ts, _event_args(rec, rt.sites), "ddp")
+                rw.instant(TRACK_DDP, op, ts, _event_args(rec, rw.sites), "ddp")
             elif t == "pending":
                 open_calls[(str(rec.get("g", "0")), _num(rec.get("s")), op)] = rec
                 rw.instant(TRACK_MARKS, f"pending: {op} #{rec.get('s', '?')}", ts,
-                           dict(_event_args(rec, rt.sites), note="still inside this call when the "
+                           dict(_event_args(rec, rw.sites), note="still inside this call when the "
                                 "watchdog looked"), "hang")
             elif t == "hang":
                 role = rec.get("role")
@@ -341,6 +350,13 @@ def _stream_rank(out: _Writer, rt, pid: int, offset_us: int, window, findings: l
                 rw.instant(TRACK_MARKS, name, ts, _hang_args(rec), "hang")
             elif t == "exit":
                 exit_rec = rec
+                # In flight at exit; a call may still complete after this record (killed peers
+                # make it raise), and then its own record closes it below.
+                for inf in rec.get("inflight") or []:
+                    if isinstance(inf, list) and len(inf) >= 5:
+                        open_calls.setdefault((str(inf[1]), _num(inf[2]), str(inf[0])),
+                                              {"op": inf[0], "g": inf[1], "s": inf[2], "site": inf[3],
+                                               "ts": inf[4]})
     end = last_ts
     if exit_rec is not None:
         end = max(end, _num(exit_rec.get("ts")))
@@ -354,11 +370,6 @@ def _stream_rank(out: _Writer, rt, pid: int, offset_us: int, window, findings: l
         else:
             name = f"exit ({how})"
         rw.instant(TRACK_MARKS, name, _num(exit_rec.get("ts")), args, "exit")
-        for inf in exit_rec.get("inflight") or []:
-            if isinstance(inf, list) and len(inf) >= 5:
-                open_calls.setdefault((str(inf[1]), _num(inf[2]), str(inf[0])),
-                                      {"op": inf[0], "g": inf[1], "s": inf[2], "site": inf[3],
-                                       "ts": inf[4]})
     else:
         rw.instant(TRACK_MARKS, "no exit record (killed?)", end,
                    {"note": "the trace ends here without an exit record: the rank was killed "
@@ -369,7 +380,7 @@ def _stream_rank(out: _Writer, rt, pid: int, offset_us: int, window, findings: l
         for fnd in wanted.get((g, s), ()):
             placed.setdefault(id(fnd), ts)
         track = TRACK_DDP if op.split(".")[0] in _DDP_OPS else TRACK_COLLECTIVES
-        args = dict(_event_args(rec, rt.sites), never_returned=True)
+        args = dict(_event_args(rec, rw.sites), never_returned=True)
         args.pop("time_inside_ms", None)
         rw.slice(track, op, ts, max(0, end - ts), args, "collective", error=True)
     for fnd in findings:
@@ -397,7 +408,12 @@ def write(paths: list[str], output: str, ranks: str | None = None, window: str |
     if not selected:
         raise ValueError(f"--ranks {ranks}: none of these ranks is in the run "
                          f"(ranks found: {fmt_ranks(run.ranks)})")
-    findings, _notes = analyze(run)
+    try:
+        findings, _notes = analyze(run)
+    except Exception as exc:  # the timeline is still worth having without the findings
+        findings = []
+        print(f"ddpdoctor: warning: the checks could not run ({type(exc).__name__}: {exc}); "
+              "the timeline has no findings", file=sys.stderr)
     by_rank = _findings_by_rank(findings)
     base = min(float(rt.header.get("wall0", 0) or 0) for rt in run.ranks.values())
     tmp = output + ".tmp"
