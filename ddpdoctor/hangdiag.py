@@ -210,7 +210,8 @@ def render(diag: dict, statuses: dict[int, dict] | None = None) -> str:
     """Terminal text of a diagnosis (tabulate)."""
     from tabulate import tabulate
 
-    title = {DIVERGED: "HANG", DEAD: "HANG", ELSEWHERE: "HANG", BACKEND: "HANG",
+    title = {DIVERGED: "HANG", DEAD: "HANG", ELSEWHERE: "HANG",
+             BACKEND: "SLOW COLLECTIVE (every rank is inside it)",
              STALL: "STALL (possible hang)"}[diag["verdict"]]
     op = diag.get("op") or "?"
     lines = [f"ddpdoctor: {title} after {diag.get('waited_s', 0):.0f} s in process group "

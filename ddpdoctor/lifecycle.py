@@ -12,7 +12,7 @@ from . import recorder as recorder_mod
 _GROUP_MAKERS = ("new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group")
 
 
-def _group_record(rec, pg, op: str) -> None:
+def _group_record(rec, pg, op: str, site: int | None = None) -> None:
     from torch.distributed import distributed_c10d as c10d
 
     try:
@@ -21,23 +21,46 @@ def _group_record(rec, pg, op: str) -> None:
         ranks = c10d.get_process_group_ranks(pg)
         name = rec.group_name(pg)
         rec.group_ranks[name] = ranks
-        rec.emit({"t": "pg", "op": op, "g": name, "ranks": ranks, "ts": rec.now_us()})
+        record = {"t": "pg", "op": op, "g": name, "ranks": ranks, "ts": rec.now_us()}
+        if site is not None:
+            record["site"] = site  # where it was created (collective-misuse names the line)
+        rec.emit(record)
     except Exception as exc:
         rec.internal_error(exc)
 
 
-def _after_init(rec, timeout_s: float | None) -> None:
+def _agree_run_id(rec) -> None:
+    """Every node's launcher made up its own run id: adopt the first one set in the job's store,
+    so that several nodes' trace folders form one run and the watchdogs share a key space."""
+    import dataclasses
+
+    from torch.distributed import distributed_c10d as c10d
+
+    try:
+        store = c10d._get_default_store()
+        mine = rec.settings.run_id or f"pid{os.getpid()}"
+        agreed = store.compare_set("ddpdoctor/run_id", "", mine)
+        agreed = agreed.decode() if isinstance(agreed, bytes) else str(agreed)
+        if agreed and agreed != rec.settings.run_id:
+            rec.settings = dataclasses.replace(rec.settings, run_id=agreed)
+    except Exception:
+        pass  # stores without compare_set: keep the launcher's id
+
+
+def _after_init(rec, timeout_s: float | None, agree_run_id: bool = True) -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
     pg = c10d._get_default_group()
+    if agree_run_id:
+        _agree_run_id(rec)
     backend = str(dist.get_backend())
     rank, world = dist.get_rank(), dist.get_world_size()
     rec.open_trace(rank, world, backend, timeout_s)
     rec.group_names[id(pg)] = "0"
     rec.group_ranks["0"] = list(range(world))
     rec.emit({"t": "init", "g": "0", "rank": rank, "world": world, "backend": backend,
-              "ts": rec.now_us(), "site": rec.sites.current(4)})
+              "ts": rec.now_us(), "site": rec.sites.current(2)})
     from . import exithooks, watchdog
 
     exithooks.install(rec)
@@ -86,16 +109,23 @@ def patch(set_fn, mark: str) -> None:
         @functools.wraps(orig_destroy)
         def destroy_process_group(*args, **kwargs):
             rec = rec_get()
+            group = args[0] if args else kwargs.get("group")
             if rec is not None and rec.enabled and rec.writer is not None:
                 try:
-                    group = args[0] if args else kwargs.get("group")
                     rec.emit({"t": "pg", "op": "destroy", "g": rec.group_name(group),
                               "ts": rec.now_us(), "site": rec.sites.current(2)})
                     if group is None:
                         rec.writer.sync()
                 except Exception as exc:
                     rec.internal_error(exc)
-            return orig_destroy(*args, **kwargs)
+            result = orig_destroy(*args, **kwargs)
+            if rec is not None:
+                # Names are cached by id(): a later group may reuse a destroyed one's id.
+                if group is None:
+                    rec.group_names.clear()
+                else:
+                    rec.group_names.pop(id(group), None)
+            return result
 
         setattr(destroy_process_group, mark, True)
         set_fn("destroy_process_group", destroy_process_group)
@@ -128,7 +158,7 @@ def _make_group_maker(name, orig, rec_get, mark):
             else:
                 groups = [result]
             for g in groups:
-                _group_record(rec, g, name)
+                _group_record(rec, g, name, site)
         except Exception as exc:
             rec.internal_error(exc)
         return result

@@ -143,7 +143,7 @@ class Recorder:
         self._pending.clear()  # what happened before the block is not part of it
         from .lifecycle import _after_init
 
-        _after_init(self, None)
+        _after_init(self, None, agree_run_id=False)
         return self.writer.path if self.writer is not None else None
 
     def end_session(self) -> str | None:

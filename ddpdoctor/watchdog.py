@@ -78,6 +78,7 @@ class Watchdog(threading.Thread):
         self.timeout = float(rec.settings.hang_timeout)
         self.interval = max(0.05, min(0.5, self.timeout / 10))
         self._stop_evt = threading.Event()
+        self._tick_lock = threading.Lock()
         self._store = None
         self._store_failed = False
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -92,7 +93,14 @@ class Watchdog(threading.Thread):
 
     # -- lifecycle ---------------------------------------------------------------------------
     def stop(self) -> None:
+        """Stop; a hang this rank reported and that has since completed is declared resolved."""
         self._stop_evt.set()
+        with self._tick_lock:
+            if self.reporting is not None and self._store is not None:
+                try:
+                    self._check_resolved(self._store, self.rec.now_us())
+                except Exception:
+                    pass
 
     def run(self) -> None:
         try:
@@ -101,7 +109,9 @@ class Watchdog(threading.Thread):
             self.rec.internal_error(exc)
         while not self._stop_evt.wait(self.interval):
             try:
-                self.tick()
+                with self._tick_lock:
+                    if not self._stop_evt.is_set():
+                        self.tick()
             except Exception as exc:  # the watchdog must never take the rank down
                 self.rec.internal_error(exc)
 
@@ -227,21 +237,7 @@ class Watchdog(threading.Thread):
             self._die()
         # 3. Resolution of the hang this rank reports.
         if self.reporting is not None:
-            key = self.reporting["key"]
-            still = any((i[0], i[1], i[2], i[4]) == key for i in rec.inflight.values())
-            if not still:
-                waited = (now - key[3]) / 1e6
-                msg = (f"ddpdoctor: resolved: {key[0]} #{key[2]} in process group {key[1]} completed "
-                       f"after {waited:.1f} s (it was diagnosed at {self.timeout:g} s)")
-                print(msg, file=sys.stderr, flush=True)
-                rec.emit({"t": "hang", "role": "resolved", "ep": self.reporting["ep"],
-                          "waited_s": round(waited, 3), "ts": now})
-                self._write_file(f"hang-{self.reporting['ep']}.txt", msg + "\n", append=True)
-                try:
-                    st.compare_set(self._key("active"), str(self.reporting["ep"]), "")
-                except Exception:
-                    pass
-                self.reporting = None
+            self._check_resolved(st, now)
             return
         # 4. A local hang: claim the report of a new episode (one reporter for the whole job).
         if oldest is None or (now - oldest[4]) / 1e6 < self.timeout:
@@ -259,6 +255,32 @@ class Watchdog(threading.Thread):
             return
         self.reporting = {"ep": new_ep, "key": key}
         self._report(st, new_ep, now)
+
+    def _check_resolved(self, st, now: int) -> None:
+        rec = self.rec
+        key = self.reporting["key"]
+        if any((i[0], i[1], i[2], i[4]) == key for i in rec.inflight.values()):
+            kill_at = self.reporting.get("kill_at")
+            if kill_at is not None and now >= kill_at:
+                print(f"ddpdoctor: HANG: {key[0]} #{key[2]} in process group {key[1]} still has not "
+                      f"completed after {(now - key[3]) / 1e6:.0f} s with every rank inside it",
+                      file=sys.stderr, flush=True)
+                st.set(self._key("kill"), str(self.reporting["ep"]))
+                self._die()
+            return
+        waited = (now - key[3]) / 1e6
+        msg = (f"ddpdoctor: resolved: {key[0]} #{key[2]} in process group {key[1]} completed "
+               f"after about {waited:.1f} s (it was diagnosed at {self.timeout:g} s): a slow rank, "
+               "not a hang")
+        print(msg, file=sys.stderr, flush=True)
+        rec.emit({"t": "hang", "role": "resolved", "ep": self.reporting["ep"],
+                  "waited_s": round(waited, 3), "ts": now})
+        self._write_file(f"hang-{self.reporting['ep']}.txt", msg + "\n", append=True)
+        try:
+            st.compare_set(self._key("active"), str(self.reporting["ep"]), "")
+        except Exception:
+            pass
+        self.reporting = None
 
     def _report(self, st, ep: int, now: int) -> None:
         rec = self.rec
@@ -297,6 +319,12 @@ class Watchdog(threading.Thread):
         if rec.writer is not None:
             rec.writer.sync()
         if rec.settings.on_hang == "kill":
+            if diag["verdict"] == hangdiag.BACKEND:
+                # Every rank is inside the same collective: most likely slow (an overloaded
+                # machine, a large transfer), not stuck. End the job only if it stays so for
+                # another hang timeout.
+                self.reporting["kill_at"] = now + int(self.timeout * 1e6)
+                return
             st.set(self._key("kill"), str(ep))
             self._die()
 
@@ -385,6 +413,16 @@ class Watchdog(threading.Thread):
         except Exception:
             pass
         self._stop_evt.set()
+        # The ranks do not end at the same instant: the last ones would print the collateral
+        # "Connection closed by peer" tracebacks of their hung calls, burying the diagnosis.
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+        except OSError:
+            pass
         time.sleep(_GRACE_S)
         os._exit(EXIT_HANG)
 
