@@ -128,3 +128,17 @@ def test_multi_node_hang(tmp_path):
     assert doc["run"]["ranks_found"] == [0, 1]
     hang = [f for f in doc["findings"] if f["category"] == "hang" and f["severity"] == "error"][-1]
     assert hang["ranks"] == [0]
+
+
+@pytest.mark.parametrize("example, expect_hang", [("bad", True), ("good", False)])
+def test_hang_check_examples(tmp_path, example, expect_hang):
+    out = tmp_path / example
+    res = trace(torchrun(ROOT / "checks" / "hang" / f"{example}.py"), out, "--hang-timeout", HANG_TIMEOUT,
+                "--on-hang", "kill", timeout=90, env=PG)
+    doc = findings_json(out)
+    hangs = [f for f in doc["findings"] if f["category"] == "hang" and f["severity"] == "error"]
+    errors = [f for f in doc["findings"] if f["severity"] == "error"]
+    if expect_hang:
+        assert res.returncode == 124 and hangs and hangs[-1]["ranks"] == [0], res.stderr[-2000:]
+    else:
+        assert res.returncode == 0 and not errors, (res.stderr[-2000:], errors)
