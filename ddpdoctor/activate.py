@@ -86,6 +86,20 @@ def _after_fork_in_child() -> None:
     if old is not None and old.writer is not None:
         # The parent is a rank: this is its worker (DataLoader, pool), never a rank itself.
         rec.enabled = False
+        # The parent's exit hooks still hold its recorder: in this child they must neither
+        # write into the parent's file (an exit record from a plain os.fork() child) nor
+        # touch the parent's watchdog, nor dump this child's stacks as the rank's.
+        old.enabled = False
+        old.writer = None
+        old.watchdog = None
+        try:
+            import faulthandler
+            import signal
+
+            for sig in (signal.SIGTERM, signal.SIGUSR2):
+                faulthandler.unregister(sig)
+        except (ImportError, AttributeError, ValueError):
+            pass
 
 
 def install_import_hook() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import linecache
 import os
 import sys
+import sysconfig
 import threading
 from types import FrameType
 
@@ -19,6 +20,9 @@ _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 #: Frames under these prefixes are never the user's call site.
 _SKIP_PREFIXES: list[str] = [_HERE]
 _SKIP_NAMES = ("<frozen ", "<string>")
+#: The standard library is glue too (tempfile, importlib, threading...), but not the
+#: site-packages that may live under it.
+_STDLIB = tuple({os.path.dirname(os.__file__) + os.sep, sysconfig.get_paths()["stdlib"] + os.sep})
 #: nn.Module call plumbing: never the interesting library entry point.
 _CALL_MACHINERY = frozenset({"_wrapped_call_impl", "_call_impl", "inner", "_fn", "decorate_context"})
 #: How many user frames are kept per site (innermost first when walking).
@@ -34,7 +38,8 @@ def add_skip_prefix(path: str) -> None:
 def _is_library(filename: str, cache: dict[str, bool] = {}) -> bool:  # noqa: B006 - a cache
     hit = cache.get(filename)
     if hit is None:
-        hit = filename.startswith(tuple(_SKIP_PREFIXES)) or filename.startswith(_SKIP_NAMES)
+        hit = (filename.startswith(tuple(_SKIP_PREFIXES)) or filename.startswith(_SKIP_NAMES)
+               or (filename.startswith(_STDLIB) and "-packages" + os.sep not in filename))
         cache[filename] = hit
     return hit
 

@@ -107,6 +107,10 @@ def trace(out, hang_timeout, on_hang, do_report, fmt, command):
         command = command[1:]
     if not command:
         _fail("no command given: ddpdoctor trace -- COMMAND [ARGS...]")
+    import shutil
+
+    if shutil.which(command[0]) is None:  # one line, before anything is created or printed
+        _fail(f"command not found or not executable: {command[0]}")
     out = out or launcher.default_out_dir()
     click.echo(f"ddpdoctor: tracing into {out}", err=True)
     try:
@@ -121,6 +125,9 @@ def trace(out, hang_timeout, on_hang, do_report, fmt, command):
                 _print_report([out], fmt, None, False, [], [], "never", None)
             except SystemExit:
                 pass
+            except Exception as exc:  # the command's exit status must pass through regardless
+                click.echo(f"ddpdoctor: error: the report failed ({type(exc).__name__}: {exc}); "
+                           f"the traces are in {out}", err=True)
         else:
             click.echo("ddpdoctor: no rank traced (the command never initialised a process group)",
                        err=True)

@@ -63,7 +63,16 @@ def install(rec) -> None:
 
     sys.excepthook = excepthook
 
+    finished = []
+
     def at_exit():
+        if finished:  # atexit and multiprocessing's exit function may both call it
+            return
+        finished.append(True)
+        # Run from multiprocessing's `finally` (below), the target's exception is in flight.
+        exc = sys.exc_info()[1]
+        if exc is not None:
+            record_exception(rec, exc)
         if not getattr(rec, "_exit_recorded", False) and rec.writer is not None:
             rec._exit_recorded = True
             try:
@@ -78,7 +87,23 @@ def install(rec) -> None:
         rec.close()
 
     atexit.register(at_exit)
+    _register_mp_exit(at_exit)
     _install_signal_dumps(rec)
+
+
+def _register_mp_exit(at_exit) -> None:
+    """A multiprocessing child (mp.Process, mp.spawn) catches its target's exception itself
+    (sys.excepthook never sees it) and a forked one leaves through os._exit (atexit never
+    runs); both run multiprocessing's exit function first, in a ``finally`` around the
+    target: hook ``at_exit`` there too. Forked children start with that registry cleared."""
+    try:
+        import multiprocessing
+        from multiprocessing import util
+
+        if multiprocessing.parent_process() is not None:
+            util.Finalize(None, at_exit, exitpriority=-100)
+    except Exception:
+        pass
 
 
 def _install_signal_dumps(rec) -> None:
@@ -99,9 +124,17 @@ def _install_signal_dumps(rec) -> None:
         pass
 
 
+def _spawn_module():
+    """The module torch.multiprocessing.spawn (``import ... as`` would give the function
+    ``torch.multiprocessing.spawn`` that shadows it)."""
+    import importlib
+
+    return importlib.import_module("torch.multiprocessing.spawn")
+
+
 def _spawn_wrap(fn, i, args, error_file):
     """Child-side entry of torch.multiprocessing.spawn, recording the worker's exception."""
-    import torch.multiprocessing.spawn as tmp_spawn
+    tmp_spawn = _spawn_module()
 
     from . import recorder as recorder_mod
 
@@ -114,7 +147,9 @@ def _spawn_wrap(fn, i, args, error_file):
                 record_exception(rec, exc)
             raise
 
-    return tmp_spawn._ddpdoctor_orig_wrap(fn_recorded, i, args, error_file)
+    # Where this child runs uninstrumented, torch's own entry is still in place.
+    orig = getattr(tmp_spawn, "_ddpdoctor_orig_wrap", None) or tmp_spawn._wrap
+    return orig(fn_recorded, i, args, error_file)
 
 
 def wrap_spawn_worker() -> None:
@@ -122,7 +157,7 @@ def wrap_spawn_worker() -> None:
     never sees it: wrap the child-side entry to record it first. ``_spawn_wrap`` is module-level
     so that it pickles by reference into the children."""
     try:
-        import torch.multiprocessing.spawn as tmp_spawn
+        tmp_spawn = _spawn_module()
     except Exception:
         return
     if getattr(tmp_spawn, "_ddpdoctor_orig_wrap", None) is None and hasattr(tmp_spawn, "_wrap"):

@@ -31,9 +31,11 @@ COLLECTIVES: dict[str, tuple[tuple, tuple, tuple, tuple]] = {
     "broadcast": (("tensor",), (), ("src", "group_src"), ()),
     "all_gather": (("tensor",), ("tensor_list",), (), ()),
     "all_gather_into_tensor": (("input_tensor",), ("output_tensor",), (), ()),
+    "all_gather_single": (("input_tensor",), ("output_tensor",), (), ()),
     "all_gather_coalesced": (("input_tensor_list",), ("output_tensor_lists",), (), ()),
     "reduce_scatter": (("output",), ("input_list",), (), ()),
     "reduce_scatter_tensor": (("input",), ("output",), (), ()),
+    "reduce_scatter_single": (("input",), ("output",), (), ()),
     "all_to_all": (("input_tensor_list",), ("output_tensor_list",), (), ()),
     "all_to_all_single": (("input",), ("output",), (), ()),
     "gather": (("tensor",), ("gather_list",), ("dst", "group_dst"), ()),
@@ -53,7 +55,7 @@ P2P: dict[str, tuple[str, tuple, str]] = {
     "recv_object_list": ("object_list", ("src", "group_src"), "recv"),
 }
 _REDUCING = {"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
-             "broadcast"}
+             "reduce_scatter_single", "broadcast"}
 
 
 def _arg_getter(params: list[str], defaults: dict[str, object]):
@@ -84,7 +86,7 @@ class _Call:
 
     @staticmethod
     def run(rec, local, orig, args, kwargs, head: str, gname: str, seq: int, op: str,
-            is_async: bool, kind: str = "c"):
+            is_async: bool, kind: str = "c", wtag: str = ""):
         site = rec.sites.current(3)
         tid = threading.get_ident()
         start = time.perf_counter_ns()
@@ -108,15 +110,18 @@ class _Call:
         rec.events += 1
         rec.last_event = (op, gname, seq, site, start_us + dur)
         if is_async and result is not None:
-            _track_async(rec, result, op, gname, seq, site)
+            _track_async(rec, result, op, gname, seq, site, wtag)
         return result
 
 
-def _track_async(rec, result, op, gname, seq, site) -> None:
+def _track_async(rec, result, op, gname, seq, site, wtag: str = "") -> None:
+    """Remember issued async work until its ``wait()``. ``wtag`` (p2p only) is the JSON fields
+    that name the message in the ``w`` record (``"ch":..,"s":..``); p2p keep seq 0 here, as
+    they are in no group's sequence."""
     works = result if isinstance(result, list) else [result]
     for w in works:
         try:
-            rec.async_pending[id(w)] = (op, gname, seq, site)
+            rec.async_pending[id(w)] = (op, gname, seq, site, wtag)
         except Exception:
             pass
 
@@ -172,7 +177,7 @@ def _make_collective(op: str, orig, spec):
                 if p == "object_list" or p == "scatter_object_output_list":
                     parts.append(f'"nobj":{len(v) if v is not None else 0}')
                 else:
-                    parts.append(f'"obj":{describe.object_desc(v)}')
+                    parts.append(f'"obj":{describe.object_desc((v,))}')
             if rec.ddp_refs and primary and op in _REDUCING:
                 from . import patch_ddp
 
@@ -208,18 +213,20 @@ def _make_p2p(op: str, orig, spec):
         try:
             group = get("group", args, kwargs)
             gname = rec.group_name(group)
-            head = _p2p_head(rec, op, direction, gname, group, get(targ, args, kwargs),
-                             get(peers[0], args, kwargs), get(peers[1], args, kwargs))
+            head, wtag = _p2p_head(rec, op, direction, gname, group, get(targ, args, kwargs),
+                                   get(peers[0], args, kwargs), get(peers[1], args, kwargs))
         except Exception as exc:
             rec.internal_error(exc)
             return orig(*args, **kwargs)
-        return _Call.run(rec, local, orig, args, kwargs, head, gname, 0, op, is_async_op, kind="p")
+        return _Call.run(rec, local, orig, args, kwargs, head, gname, 0, op, is_async_op, kind="p",
+                         wtag=wtag)
 
     setattr(wrapper, _PATCHED_MARK, True)
     return wrapper
 
 
-def _p2p_head(rec, op, direction, gname, group, payload, peer, group_peer) -> str:
+def _p2p_head(rec, op, direction, gname, group, payload, peer, group_peer) -> tuple[str, str]:
+    """(event fields, the fields that name the message: channel and its number)."""
     me = rec.rank if rec.rank is not None else -1
     if peer is None and group_peer is not None:
         try:
@@ -236,7 +243,8 @@ def _p2p_head(rec, op, direction, gname, group, payload, peer, group_peer) -> st
     else:
         xs, n = describe.tensors_desc(payload)
         body = f'"x":[{",".join(xs)}],"n":{n}'
-    return f'"op":"{op}","g":"{gname}","ch":"{channel}","s":{seq},{body}'
+    tag = f'"ch":"{channel}","s":{seq}'
+    return f'"op":"{op}","g":"{gname}",{tag},{body}', tag
 
 
 def _make_batch(orig):
@@ -247,6 +255,7 @@ def _make_batch(orig):
         rec = rec_get()
         if rec is None or not rec.enabled or getattr(rec.local, "depth", 0):
             return orig(p2p_op_list, *args, **kwargs)
+        site, tags = -1, []
         try:
             site = rec.sites.current(2)
             ts = rec.now_us()
@@ -255,16 +264,23 @@ def _make_batch(orig):
                 direction = "send" if "send" in fname else "recv"
                 group = getattr(p, "group", None)
                 gname = rec.group_name(group)
-                head = _p2p_head(rec, fname, direction, gname, group, p.tensor, p.peer,
-                                 getattr(p, "group_peer", None))
+                head, tag = _p2p_head(rec, fname, direction, gname, group, p.tensor, p.peer,
+                                      getattr(p, "group_peer", None))
+                tags.append((fname, gname, tag))
                 rec.emit_line(f'{{"t":"p",{head},"ts":{ts},"d":0,"site":{site},"batch":1}}')
         except Exception as exc:
             rec.internal_error(exc)
         rec.local.depth = 1
         try:
-            return orig(p2p_op_list, *args, **kwargs)
+            result = orig(p2p_op_list, *args, **kwargs)
         finally:
             rec.local.depth = 0
+        # One work per op (gloo): each one's wait() is that message's `w` record. A single
+        # coalesced work (NCCL) cannot be told apart per message and is not tracked.
+        if isinstance(result, list) and len(result) == len(tags):
+            for work, (fname, gname, tag) in zip(result, tags):
+                _track_async(rec, work, fname, gname, 0, site, tag)
+        return result
 
     setattr(wrapper, _PATCHED_MARK, True)
     return wrapper
@@ -288,7 +304,8 @@ def _patch_work_wait() -> None:
         info = rec.async_pending.pop(id(self), None)
         if info is None:
             return orig(self, *args, **kwargs)
-        op, gname, seq, site = info
+        op, gname, seq, site = info[:4]
+        tag = info[4] if len(info) > 4 and info[4] else f'"s":{seq}'
         tid = threading.get_ident()
         start = rec.now_us()
         rec.inflight[tid] = (op + ".wait", gname, seq, site, start)
@@ -296,7 +313,7 @@ def _patch_work_wait() -> None:
             return orig(self, *args, **kwargs)
         finally:
             rec.inflight.pop(tid, None)
-            rec.emit_line(f'{{"t":"w","op":"{op}","g":"{gname}","s":{seq},"ts":{start},'
+            rec.emit_line(f'{{"t":"w","op":"{op}","g":"{gname}",{tag},"ts":{start},'
                           f'"d":{rec.now_us() - start},"site":{site}}}')
 
     setattr(wait, _PATCHED_MARK, True)

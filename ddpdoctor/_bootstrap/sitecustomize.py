@@ -17,13 +17,14 @@ def _ddpdoctor_bootstrap() -> None:
     ours = sys.modules.pop("sitecustomize", None)
     try:
         importlib.import_module("sitecustomize")
-    except ImportError as exc:
-        if exc.name != "sitecustomize":
-            raise
-    except Exception:
-        import traceback
-
-        traceback.print_exc()
+    except Exception as exc:
+        # What site.py does with a failing sitecustomize, and then carry on with ours.
+        if not (isinstance(exc, ImportError) and exc.name == "sitecustomize"):
+            if sys.flags.verbose:
+                sys.excepthook(*sys.exc_info())
+            else:
+                sys.stderr.write("Error in sitecustomize; set PYTHONVERBOSE for traceback:\n"
+                                 f"{type(exc).__name__}: {exc}\n")
     finally:
         if "sitecustomize" not in sys.modules and ours is not None:
             sys.modules["sitecustomize"] = ours
