@@ -23,13 +23,13 @@ from .load import BLOCK, read_group_events, signature
 from .ranges import fmt_ranks
 from .render_text import _rank_rows
 from .run import Run
-from .timeline import finding_position
+from .timeline import finding_position, wall0
 
 #: Calls shown before and after the position a finding is about.
 BEFORE, AFTER = 6, 3
 #: Lanes drawn per swimlane (ranks with identical calls already share one).
 MAX_LANES = 16
-_CELL_W, _CELL_H, _GAP, _LABEL_W, _HEAD_H = 128, 54, 6, 170, 26
+_CELL_W, _CELL_H, _GAP, _LABEL_W, _HEAD_H = 140, 54, 6, 170, 26
 
 _CSS = """
 :root{--fg:#1d2330;--muted:#5b6475;--line:#d9dde5;--bg:#fff;--panel:#f6f7f9;--err:#c62828;
@@ -173,10 +173,16 @@ def swimlane_svg(run: Run, group: str, seq: int, culprits: list[int]) -> str:
         y = _HEAD_H + li * (_CELL_H + _GAP)
         label = ("rank " if len(ranks) == 1 else "ranks ") + fmt_ranks(ranks)
         is_culprit = bool(culprit_set.intersection(ranks))
+        colour = "#c62828" if is_culprit else "#1d2330"
+        head = label if len(ranks) == 1 else f"{len(ranks)} ranks"
         parts.append(f'<g><title>{_e(label)}</title><text x="8" y="{y + 18}" font-weight="700" '
-                     f'fill="{"#c62828" if is_culprit else "#1d2330"}">{_e(_clip(label, 20))}</text>')
+                     f'fill="{colour}">{_e(_clip(head, 22))}</text>')
+        if len(ranks) > 1:
+            parts.append(f'<text x="8" y="{y + 32}" fill="{colour}" font-size="11">'
+                         f'{_e(_clip(fmt_ranks(ranks), 24))}</text>')
         if is_culprit:
-            parts.append(f'<text x="8" y="{y + 34}" fill="#c62828" font-size="11">culprit</text>')
+            parts.append(f'<text x="8" y="{y + (46 if len(ranks) > 1 else 32)}" fill="#c62828" '
+                         f'font-size="11">culprit</text>')
         parts.append("</g>")
         for s in cols:
             x = xcol[s]
@@ -210,9 +216,9 @@ def swimlane_svg(run: Run, group: str, seq: int, culprits: list[int]) -> str:
             parts.append(f'<g><title>{_e(_tooltip(run, label, ranks[0], ev))}</title>'
                          f'<rect x="{x}" y="{y}" width="{_CELL_W}" height="{_CELL_H}" rx="5" '
                          f'fill="{_fill(op)}"{stroke}/>'
-                         f'<text x="{x + 7}" y="{y + 18}" font-weight="700">{_e(_clip(op, 16))}</text>'
-                         f'<text x="{x + 7}" y="{y + 32}" fill="#3c4556" font-size="11">{_e(_clip(shape, 18))}</text>'
-                         f'<text x="{x + 7}" y="{y + 46}" fill="{tcol}" font-size="11">{_e(_clip(third, 18))}</text>'
+                         f'<text x="{x + 7}" y="{y + 18}" font-weight="700">{_e(_clip(op, 18))}</text>'
+                         f'<text x="{x + 7}" y="{y + 32}" fill="#3c4556" font-size="11">{_e(_clip(shape, 20))}</text>'
+                         f'<text x="{x + 7}" y="{y + 46}" fill="{tcol}" font-size="11">{_e(_clip(third, 20))}</text>'
                          f'</g>')
     parts.append("</svg>")
     more = len(lanes) - len(keys)
@@ -221,13 +227,36 @@ def swimlane_svg(run: Run, group: str, seq: int, culprits: list[int]) -> str:
 
 
 # -- page --------------------------------------------------------------------------------------
+def _int(v) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _span_s(run: Run) -> float:
+    """From the earliest rank start to the latest end of a call or exit (Run.duration_s counts
+    to the start of the last call, which hides a final 30-minute wait)."""
+    base = min(wall0(rt) for rt in run.ranks.values())
+    end = 0.0
+    for rt in run.ranks.values():
+        local = _int(rt.last_ts)
+        for ev in rt.tail:
+            local = max(local, _int(ev.get("ts")) + _int(ev.get("d")))
+        ex = rt.exit_record()
+        if ex is not None:
+            local = max(local, _int(ex.get("ts")))
+        end = max(end, wall0(rt) - base + local / 1e6)
+    return end
+
+
 def _summary(run: Run, findings: list[Finding]) -> str:
     rt0 = next(iter(run.ranks.values()))
     events = sum(rt.events for rt in run.ranks.values())
     items = [("run", run.run_id or "?"), ("world size", run.world), ("backend", run.backend),
              ("torch", rt0.header.get("torch", "?")), ("rank traces", f"{len(run.ranks)} of {run.world}"),
              ("missing ranks", fmt_ranks(run.missing) if run.missing else "none"),
-             ("duration", f"{run.duration_s():.1f} s"), ("recorded calls", events),
+             ("duration", f"{_span_s(run):.1f} s"), ("recorded calls", events),
              ("restart attempt", run.attempt), ("findings", len(findings))]
     return '<dl class="summary">' + "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>"
                                             for k, v in items) + "</dl>"

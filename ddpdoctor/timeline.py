@@ -92,42 +92,41 @@ class _Lanes:
     Trace viewers require the complete events of one thread to nest (a slice either contains
     another or is disjoint from it). Calls of one Python thread always do; calls from several
     threads of a rank (which the trace does not tell apart) may not, and those go to a new lane.
-    Each lane keeps its top-level intervals, sorted and disjoint.
+    A lane is a forest: each level holds sorted, disjoint nodes ``[start, end, starts, kids]``.
     """
 
     def __init__(self) -> None:
-        self.lanes: list[tuple[list[int], list[tuple[int, int]]]] = []  # (starts, intervals)
+        self.lanes: list[tuple[list[int], list[list]]] = []  # per lane: (starts, nodes) of the top level
 
     def place(self, s: int, e: int) -> int:
-        for i, lane in enumerate(self.lanes):
-            if self._fit(lane, s, e):
+        for i, (starts, nodes) in enumerate(self.lanes):
+            if self._fit(starts, nodes, s, e):
                 return i
-        lane = ([], [])
-        self._fit(lane, s, e)
+        lane: tuple[list[int], list[list]] = ([], [])
+        self._fit(lane[0], lane[1], s, e)
         self.lanes.append(lane)
         return len(self.lanes) - 1
 
-    @staticmethod
-    def _fit(lane, s: int, e: int) -> bool:
-        starts, ivs = lane
-        hi = bisect_left(starts, e) if e > s else bisect_left(starts, e + 1)
+    @classmethod
+    def _fit(cls, starts: list[int], nodes: list[list], s: int, e: int) -> bool:
+        hi = bisect_left(starts, e if e > s else e + 1)  # nodes starting before the slice ends
         lo = hi
-        while lo > 0 and ivs[lo - 1][1] > s:
+        while lo > 0 and nodes[lo - 1][1] > s:  # ... and ending after it starts (ends are sorted)
             lo -= 1
-        over = ivs[lo:hi]
+        over = nodes[lo:hi]
         if not over:
             starts.insert(hi, s)
-            ivs.insert(hi, (s, e))
+            nodes.insert(hi, [s, e, [], []])
         elif len(over) == 1 and over[0][0] <= s and e <= over[0][1]:
-            return True  # nested inside an existing slice
-        elif all(s <= s2 and e2 <= e for s2, e2 in over):
+            return cls._fit(over[0][2], over[0][3], s, e)  # inside one node: place among its kids
+        elif all(s <= n[0] and n[1] <= e for n in over):
             starts[lo:hi] = [s]
-            ivs[lo:hi] = [(s, e)]
+            nodes[lo:hi] = [[s, e, [n[0] for n in over], over]]
         else:
             return False
-        if len(ivs) > _LANE_MEMORY:
+        if len(nodes) > _LANE_MEMORY:  # old slices are rarely revisited: bounded memory
             del starts[: _LANE_MEMORY // 2]
-            del ivs[: _LANE_MEMORY // 2]
+            del nodes[: _LANE_MEMORY // 2]
         return True
 
 
@@ -186,6 +185,15 @@ def _event_args(rec: dict, sites: _Sites) -> dict:
     args["time_inside_ms"] = _num(rec.get("d")) / 1000
     args.update(sites.args(rec.get("site")))
     return args
+
+
+def wall0(rt) -> float:
+    """Unix time at which a rank's recorder started (0 when the header lacks a usable one)."""
+    try:
+        w = float(rt.header.get("wall0", 0) or 0)
+    except (TypeError, ValueError):
+        return 0.0
+    return w if w == w and abs(w) != float("inf") else 0.0
 
 
 def _num(v) -> int:
@@ -415,7 +423,7 @@ def write(paths: list[str], output: str, ranks: str | None = None, window: str |
         print(f"ddpdoctor: warning: the checks could not run ({type(exc).__name__}: {exc}); "
               "the timeline has no findings", file=sys.stderr)
     by_rank = _findings_by_rank(findings)
-    base = min(float(rt.header.get("wall0", 0) or 0) for rt in run.ranks.values())
+    base = min(wall0(rt) for rt in run.ranks.values())
     tmp = output + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         meta = {"tool": "ddpdoctor", "run": run.run_id, "attempt": run.attempt, "world_size": run.world,
@@ -427,7 +435,7 @@ def write(paths: list[str], output: str, ranks: str | None = None, window: str |
         out = _Writer(f)
         for r in selected:
             rt = run.ranks[r]
-            offset = int(round((float(rt.header.get("wall0", base) or base) - base) * 1e6))
+            offset = int(round((wall0(rt) - base) * 1e6))
             _stream_rank(out, rt, r + 1, offset, win, by_rank.get(r, []))
         f.write("\n]}\n")
     os.replace(tmp, output)

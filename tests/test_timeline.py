@@ -272,3 +272,23 @@ def test_parse_filters():
     for bad in ("5", "5:5", "-1:2", "nan:3", "a:b"):
         with pytest.raises(ValueError):
             timeline.parse_window(bad)
+
+
+def test_lanes_keep_every_thread_well_nested():
+    """Random intervals (as calls from several threads could produce): on every lane any two
+    slices are disjoint or one contains the other, and a proper nesting needs no second lane."""
+    import random
+
+    rnd = random.Random(7)
+    for _ in range(200):
+        lanes = timeline._Lanes()
+        placed: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for _ in range(60):
+            s = rnd.randint(0, 300)
+            e = s + rnd.choice([0, 1, 5, 20, 80, 200])
+            lane = lanes.place(s, e)
+            for s2, e2 in placed[lane]:
+                assert e <= s2 or e2 <= s or (s <= s2 and e2 <= e) or (s2 <= s and e <= e2), (s, e, s2, e2)
+            placed[lane].append((s, e))
+    nested = timeline._Lanes()
+    assert {nested.place(s, e) for s, e in [(10, 20), (0, 100), (30, 40), (32, 35), (200, 300)]} == {0}
