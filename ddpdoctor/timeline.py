@@ -412,6 +412,8 @@ def write(paths: list[str], output: str, ranks: str | None = None, window: str |
     want = parse_ranks(ranks)
     win = parse_window(window)
     run: Run = load_run(list(paths))
+    for note in run.notes:  # which run/attempt was chosen, unreadable files: worth knowing here too
+        print(f"ddpdoctor: note: {note}", file=sys.stderr)
     selected = [r for r in run.ranks if want is None or r in want]
     if not selected:
         raise ValueError(f"--ranks {ranks}: none of these ranks is in the run "
