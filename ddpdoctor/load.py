@@ -77,6 +77,7 @@ class RankTrace:
     ddp_sites: dict = field(default_factory=dict)  # op -> site of last DDP step
     # DDP forwards/backwards that did not communicate ("e" records), also counted in ddp_steps
     ddp_local: dict = field(default_factory=lambda: {"ddp_forward": 0, "ddp_backward": 0})
+    ddp_train_fwd: int = 0  # DDP forwards run with grad enabled (training steps)
     waits: dict = field(default_factory=dict)  # op -> [count, total µs, longest µs]
     op_sites: dict = field(default_factory=dict)  # (op, site) -> [count, total µs]
     # (barrier site, op of the next event in the barrier's group) -> count
@@ -183,6 +184,8 @@ def read_rank(path: str) -> RankTrace:
                 if op in rt.ddp_steps:
                     rt.ddp_steps[op] += 1
                     rt.ddp_sites[op] = rec.get("site")
+                    if rec.get("grad") and op == "ddp_forward":
+                        rt.ddp_train_fwd += 1
                 d = rec.get("d", 0)
                 w = rt.waits.get(op)
                 if w is None:
@@ -204,7 +207,9 @@ def read_rank(path: str) -> RankTrace:
                     k = (prev[1], op)
                     rt.after_barrier[k] = rt.after_barrier.get(k, 0) + 1
                 rt.last_op[g] = (op, site)
-                rt.last_ts = rec.get("ts", rt.last_ts)
+                end = rec.get("ts", 0) + d
+                if end > rt.last_ts:
+                    rt.last_ts = end
             elif t == "p":
                 rt.events += 1
                 key = f'{rec.get("g", "0")}:{rec.get("ch", "?")}'
@@ -219,7 +224,9 @@ def read_rank(path: str) -> RankTrace:
                 rt.tail.append(rec)
                 if "err" in rec:
                     rt.errors.append(rec)
-                rt.last_ts = rec.get("ts", rt.last_ts)
+                end = rec.get("ts", 0) + rec.get("d", 0)
+                if end > rt.last_ts:
+                    rt.last_ts = end
             elif t == "site":
                 rt.sites[rec.get("id")] = rec
             elif t == "e":
@@ -228,6 +235,8 @@ def read_rank(path: str) -> RankTrace:
                     rt.ddp_steps[op] += 1
                     rt.ddp_local[op] += 1
                     rt.ddp_sites[op] = rec.get("site")
+                    if rec.get("grad") and op == "ddp_forward":
+                        rt.ddp_train_fwd += 1
                 if "err" in rec:
                     rt.errors.append(rec)
                 elif op.startswith("join"):
@@ -240,6 +249,9 @@ def read_rank(path: str) -> RankTrace:
             elif t in _RARE:
                 if len(rt.rare) < 200000:
                     rt.rare.append(rec)
+                ts = rec.get("ts")
+                if isinstance(ts, int) and ts > rt.last_ts:
+                    rt.last_ts = ts
                 if t == "pg" and rec.get("ranks") is not None:
                     rt.header.setdefault("_groups", {})[rec.get("g")] = rec.get("ranks")
             else:
