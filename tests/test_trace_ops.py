@@ -272,3 +272,19 @@ def test_no_event_outside_the_marked_lines(job):
     for recs in job["recs"].values():
         for line, evs in events_by_line(recs).items():
             assert line in marked, (line, evs)
+
+
+def test_every_record_type_and_field_written_is_documented(job):
+    """docs/trace-format.md stays in sync with what the code writes."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "trace-format.md").read_text()
+    documented_types = set(re.findall(r"^### (.+)$", doc, re.M))
+    documented_types = {t for line in documented_types for t in re.findall(r"`(\w+)`", line)}
+    missing = set()
+    for recs in job["recs"].values():
+        for r in recs:
+            if r["t"] not in documented_types:
+                missing.add(("type", r["t"]))
+            for key in r:
+                if f"`{key}`" not in doc:
+                    missing.add((r["t"], key))
+    assert not missing, f"undocumented in docs/trace-format.md: {sorted(missing)}"
