@@ -14,6 +14,7 @@ import inspect
 import json
 import threading
 import time
+import weakref
 
 from . import describe
 from . import recorder as recorder_mod
@@ -119,10 +120,20 @@ def _track_async(rec, result, op, gname, seq, site, wtag: str = "") -> None:
     that name the message in the ``w`` record (``"ch":..,"s":..``); p2p keep seq 0 here, as
     they are in no group's sequence."""
     works = result if isinstance(result, list) else [result]
+    pending = rec.async_pending
     for w in works:
+        key = id(w)
+
+        def forget(ref, key=key):
+            # Work dropped without wait(): forget it before its id can be reused by a new
+            # Work, whose wait() would otherwise be taken for this one.
+            info = pending.get(key)
+            if info is not None and info[5] is ref:
+                pending.pop(key, None)
+
         try:
-            rec.async_pending[id(w)] = (op, gname, seq, site, wtag)
-        except Exception:
+            pending[key] = (op, gname, seq, site, wtag, weakref.ref(w, forget))
+        except TypeError:  # a work object without weak references: not tracked
             pass
 
 
@@ -302,7 +313,7 @@ def _patch_work_wait() -> None:
         if rec is None or not rec.async_pending:
             return orig(self, *args, **kwargs)
         info = rec.async_pending.pop(id(self), None)
-        if info is None:
+        if info is None or (len(info) > 5 and info[5]() is not self):
             return orig(self, *args, **kwargs)
         op, gname, seq, site = info[:4]
         tag = info[4] if len(info) > 4 and info[4] else f'"s":{seq}'

@@ -52,7 +52,8 @@ class Recorder:
         self.group_ranks: dict[str, list[int]] = {}
         self.inflight: dict[int, tuple] = {}  # thread id -> (op, group, seq, site, start_us)
         self.local = threading.local()  # .depth: nesting of patched calls on this thread
-        self.async_pending: dict[int, tuple] = {}  # id(Work) -> (op, group, seq, site, issue_us)
+        # id(Work) -> (op, group, seq, site, p2p wait-record tag, weakref to the Work)
+        self.async_pending: dict[int, tuple] = {}
         self.ddp_refs: list = []  # weak references to DDP modules (see patch_ddp)
         self.events = 0
         self.last_event: tuple | None = None  # (op, group, seq, site, end_us)

@@ -178,6 +178,10 @@ def test_async_work_has_a_wait_record(job):
         assert issue["t"] == "c" and issue["async"] == 1 and issue["x"] == ["float32[3]"]
         assert wait == {**wait, "t": "w", "op": "all_reduce", "g": "0", "s": issue["s"]}
         assert wait["ts"] >= issue["ts"]
+        dropped = by_line[lines["all_reduce:dropped"]]
+        assert [(e["t"], e.get("async")) for e in dropped] == [("c", 1)] * 3, dropped
+        after = by_line[lines["all_reduce:after_dropped"]]
+        assert [(e["t"], e["op"], e.get("async")) for e in after] == [("c", "all_reduce", None)] * 3, after
         # isend/irecv: the message is named by its channel and number, in the p and w records
         op = "isend" if rank == 1 else "irecv"
         p, w = by_line[lines[op]]

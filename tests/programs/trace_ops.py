@@ -104,6 +104,13 @@ def collectives(rank: int, world: int) -> None:
     seen["values"]["async_return"] = type(work).__name__
     work.wait()
     seen["values"]["all_reduce_return"] = repr(dist.all_reduce(torch.ones(1)))  # L:all_reduce:ret
+    # async work completed through its future and dropped, never wait()ed: no wait record, and
+    # the next Work (likely at the same address) is not taken for it
+    for _ in range(3):
+        dropped = dist.all_reduce(torch.ones(2), async_op=True)  # L:all_reduce:dropped
+        dropped.get_future().wait()
+        del dropped
+        dist.all_reduce(torch.ones(2))  # L:all_reduce:after_dropped
 
 
 def point_to_point(rank: int) -> None:
