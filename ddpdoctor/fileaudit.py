@@ -46,12 +46,47 @@ def _ignored_prefixes(rec) -> tuple[str, ...]:
     return tuple(prefixes)
 
 
+def _torch_internal_test():
+    """A predicate on the calling frame: is this file operation torch's own machinery (compile
+    caches, extension builds), which manages its own concurrency (atomic renames, locks)?
+    torch.save/torch.load (serialization.py) are the user's operations and stay recorded."""
+    import sysconfig
+
+    try:
+        import torch
+
+        torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    except Exception:
+        return lambda frame: False
+    passthrough = {os.path.dirname(os.path.abspath(__file__)) + os.sep}
+    for key in ("stdlib", "platstdlib"):
+        try:
+            passthrough.add(sysconfig.get_paths()[key] + os.sep)
+        except KeyError:
+            pass
+    skip = tuple(passthrough) + ("<frozen ",)
+    user_io = (os.sep + "serialization.py",)
+
+    def internal(frame) -> bool:
+        while frame is not None:
+            fn = frame.f_code.co_filename
+            if fn.startswith(torch_dir):  # first: a venv's stdlib path is a prefix of site-packages
+                return not fn.endswith(user_io)
+            if not fn.startswith(skip):
+                return False
+            frame = frame.f_back
+        return False
+
+    return internal
+
+
 def install(rec) -> None:
     global _installed
     if _installed:
         return
     _installed = True
     ignored = _ignored_prefixes(rec)
+    torch_internal = _torch_internal_test()
     ignored_suffixes = (".py", ".pyc", ".so", ".pth", ".jsonl", ".stacks.txt")
     seen: set = set()
     state = {"n": 0}
@@ -72,7 +107,7 @@ def install(rec) -> None:
             if not isinstance(path, str):
                 return
             i = _DIR_FD_ARG.get(event)
-            if i is not None and len(args) > i and args[i] is not None:
+            if i is not None and len(args) > i and args[i] not in (None, -1):  # -1: no dir_fd
                 return
             append = False
             if op is None:  # open: decide read or write from the mode/flags
@@ -85,6 +120,8 @@ def install(rec) -> None:
                     append = bool((flags or 0) & os.O_APPEND)
             path = os.path.abspath(path)
             if path.startswith(ignored) or path.endswith(ignored_suffixes):
+                return
+            if torch_internal(sys._getframe(1)):
                 return
             pos = r.position()
             done = _completed(r, pos)

@@ -2,13 +2,16 @@
 
 Recorded at the few points that matter, never per tensor op: explicit seeding
 (``torch.manual_seed``), data splits (``random_split``), each epoch of a ``DistributedSampler``
-(seed, epoch, dataset length, a digest of the indices it yields) and optimizer construction
-(a digest of the parameter values it will train).
+(seed, epoch, dataset length, a digest of the indices it yields), optimizer construction
+(a digest of the parameter values it will train) and each optimizer's first ``step()`` (the
+parameters it actually starts from, after any DDP or manual broadcast, and a digest of the
+gradients: identical on every rank exactly when the program synchronises them).
 """
 
 from __future__ import annotations
 
 import functools
+import weakref
 import zlib
 
 from . import recorder as recorder_mod
@@ -140,17 +143,71 @@ def patch() -> None:
                     from .patch_ddp import fingerprint
 
                     ps = [p for g in self.param_groups for p in g["params"]]
-                    ddp_ptrs = set()
-                    for ref in rec.ddp_refs:
-                        mod = ref()
-                        if mod is not None:
-                            ddp_ptrs.update(p.data_ptr() for p in mod.parameters())
-                    in_ddp = sum(1 for p in ps if p.data_ptr() in ddp_ptrs)
-                    rec.emit({"t": "optim", "cls": type(self).__name__, "nparams": len(ps),
-                              "fp": fingerprint(ps), "in_ddp": in_ddp, "ts": rec.now_us(),
+                    rec.emit({"t": "optim", "at": "init", "id": id(self) & 0xFFFFFF,
+                              "cls": type(self).__name__, "nparams": len(ps),
+                              "fp": fingerprint(ps), "in_ddp": _in_ddp(rec, ps), "ts": rec.now_us(),
                               "site": rec.sites.current(2)})
                 except Exception as exc:
                     rec.internal_error(exc)
         return __init__
 
     _wrap(torch.optim.Optimizer, "__init__", make_optim)
+    _install_step_hook()
+
+
+def _sharded(ps) -> bool:
+    """Parameters that are shards by design (FSDP's flat parameters, DTensors): they differ
+    across ranks legitimately."""
+    return any(type(p).__name__ == "FlatParameter" or hasattr(p, "_local_tensor") for p in ps)
+
+
+def _in_ddp(rec, ps) -> int:
+    """How many of these parameters belong to a DDP-wrapped module."""
+    ddp_ptrs = set()
+    for ref in rec.ddp_refs:
+        mod = ref()
+        if mod is not None:
+            ddp_ptrs.update(p.data_ptr() for p in mod.parameters())
+    return sum(1 for p in ps if p.data_ptr() in ddp_ptrs)
+
+
+_stepped: weakref.WeakSet = weakref.WeakSet()
+_hook_installed = False
+
+
+def _on_first_step(opt, args, kwargs):
+    """Global optimizer step pre-hook; records each optimizer's first step only, returns None
+    (the step runs unchanged)."""
+    try:
+        if opt in _stepped:
+            return None
+        _stepped.add(opt)
+    except TypeError:  # an unhashable optimizer subclass: not recorded
+        return None
+    rec = _rec()
+    if rec is None or rec.writer is None:
+        return None
+    try:
+        from .patch_ddp import fingerprint
+
+        ps = [p for g in opt.param_groups for p in g["params"]]
+        grads = [p.grad for p in ps if p.grad is not None]
+        rec.emit({"t": "optim", "at": "step", "id": id(opt) & 0xFFFFFF, "cls": type(opt).__name__,
+                  "nparams": len(ps), "fp": fingerprint(ps),
+                  "gfp": fingerprint(grads) if grads else "none", "in_ddp": _in_ddp(rec, ps),
+                  "sharded": _sharded(ps), "ts": rec.now_us(), "site": rec.sites.current(2)})
+    except Exception as exc:
+        rec.internal_error(exc)
+    return None
+
+
+def _install_step_hook() -> None:
+    global _hook_installed
+    if _hook_installed:
+        return
+    try:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+    except ImportError:  # older torch: the construction record alone
+        return
+    register_optimizer_step_pre_hook(_on_first_step)
+    _hook_installed = True

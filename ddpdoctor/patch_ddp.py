@@ -63,6 +63,9 @@ def overlap(rec, values) -> list[str]:
     tensors (a logged loss) while the map may still name it."""
     import weakref
 
+    inflight = getattr(rec, "inflight", {})
+    if any(isinstance(k, tuple) and k[0] == "ddp_bwd" for k in list(inflight)):
+        return []  # inside DDP's backward: DDP's own reduction (a comm hook), not a manual one
     state = rec.__dict__.setdefault("_ddp_ptrs", {"dirty": True, "map": {}})
     if state["dirty"]:
         ptrs: dict[int, list] = {}
