@@ -80,6 +80,40 @@ def _torch_internal_test():
     return internal
 
 
+#: Filesystems that live on one machine: the same path on two hosts is two different files.
+_LOCAL_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "ramfs",
+                       "devtmpfs", "f2fs", "vfat", "exfat", "ntfs", "ntfs3", "jfs", "reiserfs",
+                       "squashfs", "hugetlbfs"})
+
+
+def _local_fs_test():
+    """A predicate on a path: is it on a machine-local filesystem (from /proc/mounts; unknown
+    or network filesystems, NFS, Lustre, GPFS, FUSE, count as shared)?"""
+    try:
+        with open("/proc/mounts") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return lambda path: False
+    mounts = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 3:
+            mounts.append((parts[1].replace("\\040", " ").rstrip("/") + "/", parts[2]))
+    mounts.sort(key=lambda m: len(m[0]), reverse=True)
+    cache: dict[str, bool] = {}
+
+    def is_local(path: str) -> bool:
+        d = os.path.dirname(path) + "/"
+        hit = cache.get(d)
+        if hit is None:
+            hit = next((fs in _LOCAL_FS for mp, fs in mounts if d.startswith(mp)), False)
+            if len(cache) < 4096:
+                cache[d] = hit
+        return hit
+
+    return is_local
+
+
 def install(rec) -> None:
     global _installed
     if _installed:
@@ -87,6 +121,7 @@ def install(rec) -> None:
     _installed = True
     ignored = _ignored_prefixes(rec)
     torch_internal = _torch_internal_test()
+    is_local = _local_fs_test()
     ignored_suffixes = (".py", ".pyc", ".so", ".pth", ".jsonl", ".stacks.txt")
     seen: set = set()
     state = {"n": 0}
@@ -141,6 +176,8 @@ def install(rec) -> None:
                 rec_["done"] = done
             if append:
                 rec_["app"] = 1
+            if is_local(path):
+                rec_["loc"] = 1  # compared only with ranks on the same host
             if event == "os.rename" and len(args) > 1 and isinstance(args[1], (str, bytes)):
                 rec_["to"] = os.path.abspath(os.fsdecode(args[1]))
             r.emit(rec_)

@@ -101,6 +101,17 @@ def test_directory_removal_covers_the_files_inside(tmp_path):
     assert check(tmp_path / "b", ordered) == []
 
 
+def test_node_local_paths_on_different_hosts_are_different_files(tmp_path):
+    # every node's local rank 0 fills its own /tmp cache at the same time
+    ranks = {r: [f("w", "/tmp/cache.bin", {"0": 1}, 50, loc=1)] for r in (0, 1)}
+    assert check(tmp_path, ranks) != []  # one host: one file
+    folder = write_traces(tmp_path / "b", ranks, hosts={0: "node-a", 1: "node-b"})
+    assert run_check(MissingBarrier, folder) == []
+    shared = {r: [f("w", "/nfs/cache.bin", {"0": 1}, 50)] for r in (0, 1)}  # a network filesystem
+    folder = write_traces(tmp_path / "c", shared, hosts={0: "node-a", 1: "node-b"})
+    assert [x.severity for x in run_check(MissingBarrier, folder)] == ["warning"]
+
+
 def test_file_lock_protocol_is_not_flagged(tmp_path):
     lock = "/ckpt/model.pt.lock"
     ranks = {0: [f("w", lock, {}, 9), f("w", CK, {}, 10)], 1: [f("w", lock, {}, 9), f("r", CK, {}, 12)]}

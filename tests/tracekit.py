@@ -10,7 +10,8 @@ from ddpdoctor.checks.base import Context
 from ddpdoctor.run import load_run
 
 
-def write_traces(folder, ranks: dict[int, list[dict]], world: int | None = None, run: str = "unit") -> Path:
+def write_traces(folder, ranks: dict[int, list[dict]], world: int | None = None, run: str = "unit",
+                 hosts: dict[int, str] | None = None) -> Path:
     """One trace file per rank. A record's ``site`` (and a sampler's ``created``) may be given as
     ``(file, line)`` or ``(file, line, source)``: it is interned into a ``site`` record with a
     per-rank id (ids deliberately differ across ranks, as they do in real traces)."""
@@ -19,7 +20,8 @@ def write_traces(folder, ranks: dict[int, list[dict]], world: int | None = None,
     world = world if world is not None else max(ranks) + 1
     for rank, recs in ranks.items():
         sites: dict[tuple, int] = {}
-        lines = [{"t": "header", "schema": 1, "run": run, "rank": rank, "world": world, "host": "h",
+        host = (hosts or {}).get(rank, "h")
+        lines = [{"t": "header", "schema": 1, "run": run, "rank": rank, "world": world, "host": host,
                   "pid": 1000 + rank, "attempt": 0, "torch": "2.x", "backend": "gloo", "wall0": 1.0}]
         body = []
         for i, rec in enumerate(recs):

@@ -35,6 +35,12 @@ class Access:
     site: object
     ts: int
     how: str = ""  # "rename" (the path is the target of a rename), "append", "dir" (dir removed)
+    host: str = ""
+    local: bool = False  # on a machine-local filesystem
+
+    def same_file(self, other: Access) -> bool:
+        """The same path on two hosts is one file only on a shared (network) filesystem."""
+        return self.host == other.host or not (self.local or other.local)
 
     def completed(self, g: str) -> int:
         return int(self.done.get(g, self.pos.get(g, 0)))
@@ -98,6 +104,7 @@ def _accesses(ctx: Context) -> tuple[dict[str, list[Access]], dict[int, list[tup
     locks: dict[int, list[tuple[int, str]]] = defaultdict(list)  # rank -> [(ts, lock path)]
     for rank, rt in ctx.run.ranks.items():
         seen: set = set()
+        host = str(rt.header.get("host", ""))
         for r in rt.records("file"):
             op, path = r.get("op"), r.get("path")
             if not isinstance(path, str):
@@ -121,7 +128,8 @@ def _accesses(ctx: Context) -> tuple[dict[str, list[Access]], dict[int, list[tup
                 if key in seen:
                     continue  # the same operation again between the same collectives
                 seen.add(key)
-                by_path[p].append(Access(rank, kind, p, pos, done, r.get("site"), ts, how))
+                by_path[p].append(Access(rank, kind, p, pos, done, r.get("site"), ts, how, host,
+                                         bool(r.get("loc"))))
     for rank in locks:
         locks[rank].sort()
     return by_path, locks
@@ -139,7 +147,7 @@ def _add_directory_removals(by_path: dict[str, list[Access]]) -> None:
         while i < len(paths) and paths[i].startswith(prefix):
             if any(a.rank != rm.rank for a in by_path[paths[i]] for rm in removals):
                 by_path[paths[i]].extend(Access(rm.rank, "rm", paths[i], rm.pos, rm.done, rm.site,
-                                                rm.ts, "dir") for rm in removals)
+                                                rm.ts, "dir", rm.host, rm.local) for rm in removals)
             i += 1
 
 
@@ -209,7 +217,7 @@ class MissingBarrier(Check):
             if y.rank in readers_hit:
                 continue
             for x in near.candidates(y):
-                if x.rank == y.rank or order.ordered(x, y) or _locked(locks, x, y):
+                if x.rank == y.rank or not x.same_file(y) or order.ordered(x, y) or _locked(locks, x, y):
                     continue
                 key = (self._site_key(ctx, x), self._site_key(ctx, y), x.kind)
                 out.setdefault(key, []).append((x, y, path))
@@ -225,7 +233,7 @@ class MissingBarrier(Check):
             if x.rank in involved and first is not None:
                 continue
             for y in near.candidates(x):
-                if y.rank == x.rank or not self._conflict(x, y):
+                if y.rank == x.rank or not x.same_file(y) or not self._conflict(x, y):
                     continue
                 if order.ordered(x, y) or _locked(locks, x, y):
                     continue
