@@ -35,29 +35,44 @@ def main() -> None:
 
 def _print_report(paths, fmt, output, verbose, select, ignore, fail_on, run_id) -> int:
     from .load import TraceError
-    from .report import analyze, exit_code
+    from .report import SelectionError, analyze, exit_code, select_checks
     from .run import load_run
 
     try:
+        select_checks(select, ignore)  # a typo in --select/--ignore is a usage error, not "clean"
         run = load_run(list(paths), run_id=run_id)
-    except TraceError as exc:
+    except (TraceError, SelectionError) as exc:
         _fail(str(exc))
-    findings, notes = analyze(run, select, ignore)
-    if fmt == "json":
-        from .render_json import render as rj
+    except OSError as exc:
+        _fail(f"cannot read the traces: {exc}")
+    try:
+        findings, notes = analyze(run, select, ignore)
+        if fmt == "json":
+            from .render_json import render as rj
 
-        text = rj(run, findings, notes)
-    elif fmt == "html":
-        from .render_html import render as rh
+            text = rj(run, findings, notes)
+        elif fmt == "html":
+            from .render_html import render as rh
 
-        text = rh(run, findings, notes)
-    else:
-        from .render_text import render as rt
+            text = rh(run, findings, notes)
+        else:
+            from .render_text import render as rt
 
-        text = rt(run, findings, notes, verbose=verbose)
+            text = rt(run, findings, notes, verbose=verbose)
+    except Exception as exc:  # never a traceback for a report; DDPDOCTOR_DEBUG=1 shows it
+        if os.environ.get(settings.ENV_DEBUG):
+            raise
+        _fail(f"internal error while reporting ({type(exc).__name__}: {exc}); "
+              f"set {settings.ENV_DEBUG}=1 for the traceback")
+    if fmt != "text" or output:
+        for n in run.notes + notes:  # the text report shows them; keep machine output pure
+            click.echo(f"ddpdoctor: note: {n}", err=True)
     if output:
-        with open(output, "w", encoding="utf-8") as f:
-            f.write(text + ("\n" if not text.endswith("\n") else ""))
+        try:
+            with open(output, "w", encoding="utf-8") as f:
+                f.write(text + ("\n" if not text.endswith("\n") else ""))
+        except OSError as exc:
+            _fail(f"cannot write {output}: {exc.strerror or exc}")
         click.echo(f"ddpdoctor: report written to {output}", err=True)
     else:
         click.echo(text)

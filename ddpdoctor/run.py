@@ -45,6 +45,24 @@ class Run:
         return max((rt.last_ts for rt in self.ranks.values()), default=0) / 1e6
 
 
+def _num(v) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _header_ok(rt: RankTrace, notes: list[str]) -> bool:
+    """A header whose rank/world/attempt are numbers (anything else is not one of our files)."""
+    try:
+        ok = rt.rank >= 0 and rt.world >= 0 and rt.attempt >= 0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        notes.append(f"{os.path.basename(rt.path)}: header without a valid rank/world; file ignored")
+    return ok
+
+
 def _read_all(files: list[str], jobs: int | None) -> list[RankTrace]:
     if len(files) >= PARALLEL_FROM and (jobs or os.cpu_count() or 1) > 1:
         with ProcessPoolExecutor(max_workers=jobs or min(os.cpu_count() or 1, 8)) as pool:
@@ -58,14 +76,14 @@ def load_run(paths: list[str], run_id: str | None = None, jobs: int | None = Non
     notes: list[str] = []
     for rt in traces:
         notes.extend(rt.problems)
-    traces = [rt for rt in traces if rt.header]
+    traces = [rt for rt in traces if rt.header and _header_ok(rt, notes)]
     if not traces:
-        raise TraceError("no readable trace file: " + "; ".join(notes[:3]))
+        raise TraceError(f"no readable ddpdoctor trace among {len(files)} file(s): " + "; ".join(notes[:2]))
     runs = Counter(rt.run for rt in traces)
     if run_id is None:
         if len(runs) > 1:
             # The newest run (by start time) wins; the others are named so they can be chosen.
-            newest = max(traces, key=lambda rt: float(rt.header.get("wall0", 0)))
+            newest = max(traces, key=lambda rt: _num(rt.header.get("wall0")))
             run_id = newest.run
             others = ", ".join(f"{r} ({n} files)" for r, n in runs.items() if r != run_id)
             notes.append(f"the folder holds {len(runs)} runs; reporting run {run_id}, "

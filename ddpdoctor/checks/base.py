@@ -39,6 +39,12 @@ class Context:
 
     def __init__(self, run: Run) -> None:
         self.run = run
+        #: Ids of the checks this report runs (None: all); lets a check leave a case to another.
+        self.selected: set[str] | None = None
+
+    def enabled(self, check_id: str) -> bool:
+        """Whether check ``check_id`` runs in this report."""
+        return self.selected is None or check_id in self.selected
 
     @cached_property
     def groups(self) -> list[str]:

@@ -6,6 +6,7 @@ import os
 from collections import defaultdict
 
 from ..findings import Location
+from . import _failures, misuse, p2p, uneven
 from .base import Check, Context, fmt
 
 _DDP_DESC = {"ddp_forward": "a DDP forward (it broadcasts buffers)",
@@ -23,7 +24,8 @@ def describe_op(op: str | None, ev: dict | None) -> str:
 def culprit(ctx: Context, by_op: dict, point) -> tuple[list[int], str]:
     """Ranks to blame, by comparing ranks: the minority; on a tie, the side whose call sits
     under a rank-dependent condition the others do not pass. Never "rank 0 is right"."""
-    sizes = sorted(((len(rs), op) for op, rs in by_op.items()), reverse=True)
+    sizes = sorted(((len(rs), op) for op, rs in by_op.items()), key=lambda t: (t[0], str(t[1])),
+                   reverse=True)
     if len(sizes) >= 2 and sizes[0][0] > sizes[1][0]:
         majority = sizes[0][1]
         return sorted(r for op, rs in by_op.items() if op != majority for r in rs), "minority"
@@ -73,13 +75,20 @@ class DivergentCollectives(Check):
     def run(self, ctx: Context):
         findings = []
         failed = ctx.failed_ranks()
+        roots = _failures.root_causes(ctx) if ctx.enabled("DD008") else set()
         for group, p in ctx.divergences.items():
             by_op: dict = defaultdict(list)
             for r, ev in sorted(p.events.items()):
                 by_op[(ev or {}).get("op")].append(r)
             stopped = by_op.get(None, [])
-            if stopped and all(r in failed for r in stopped) and len(by_op) == 2:
+            if stopped and all(r in roots for r in stopped) and len(by_op) == 2:
                 continue  # the sequence ended because the rank died: rank-failed owns it
+            if uneven.explains(ctx, group, p):
+                continue  # a DDP step against nothing/another op: uneven-inputs explains it
+            if stopped and p2p.explains(ctx, stopped):
+                continue  # the stopped ranks sit in a mismatched send/recv: p2p-mismatch explains it
+            if misuse.explains(ctx, p):
+                continue  # a call that failed for want of a process group: collective-misuse
             blame, why = culprit(ctx, by_op, p)
             locations: list[Location] = []
             parts = []

@@ -1,0 +1,150 @@
+"""uneven-inputs (DD006): ranks ran different numbers of DDP steps.
+
+Unit tests on hand-written traces, then the documented bad/good programs end to end."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import ROOT, findings_json, torchrun, trace
+from endkit import GLOO_CLOSED, GLOO_TIMEOUT, coll, ddp_record, ddp_steps, raised, run_checks, write_run
+
+STEP = ("train.py", 30, "loss = model(x)", [["train.py", 28, "for x in batches:", "for"]])
+
+
+def uneven_run(tmp_path, n_long=5, n_short=4, short_next=None, long_exit=None, short_exit=None):
+    """Rank 0 runs n_long steps, its last backward in flight when it fails; rank 1 runs n_short
+    and then calls ``short_next`` (or nothing)."""
+    long = [coll(1, "ddp_init", ("train.py", 20)), ddp_record()] + ddp_steps(n_long - 1, site=STEP)
+    long += [{"t": "e", "op": "ddp_forward", "g": "0", "s": 0, "d": 5, "site": STEP, "grad": 1}]
+    seq = 1 + n_long
+    inflight = [["ddp_backward", "0", seq, STEP, 99000]]
+    short = [coll(1, "ddp_init", ("train.py", 20)), ddp_record()] + ddp_steps(n_short, site=STEP)
+    if short_next is not None:
+        short.append(coll(2 + n_short, short_next, ("train.py", 40, "dist.barrier()")))
+    exits = {0: long_exit or raised(GLOO_CLOSED, line=31, inflight=inflight), 1: short_exit}
+    if short_exit is None:
+        exits.pop(1)
+    return write_run(tmp_path, {0: long, 1: short}, exits=exits)
+
+
+def test_extra_step_is_found_and_divergence_not_double_reported(tmp_path):
+    folder = uneven_run(tmp_path / "a")
+    found = run_checks(folder, "DD006", "DD001", "DD008")
+    assert [f.id for f in found] == ["DD006"]
+    f = found[0]
+    assert f.ranks == [0] and f.severity == "error"
+    assert f.data["steps"] == {"0": 5, "1": 4} and f.data["short"] == [1]
+    assert "rank 0: 5 steps (the last one still waiting in its gradient all-reduce)" in f.message
+    assert "rank 1: 4 steps" in f.message and "rank 1 exited normally" in f.message
+    assert {(loc.role, loc.line) for loc in f.locations} == {("call", 30), ("loop", 28)}
+    assert "Join" in f.fix and "drop_last" in f.fix
+    # without uneven-inputs in the report, divergent-collectives reports the divergence itself
+    alone = run_checks(folder, "DD001", select={"DD001"})
+    assert [x.id for x in alone] == ["DD001"] and "DDP backward" in alone[0].message
+
+
+def test_short_rank_calling_another_collective_is_named(tmp_path):
+    folder = uneven_run(tmp_path, short_next="barrier", short_exit=raised(GLOO_TIMEOUT, line=40))
+    found = run_checks(folder, "DD006", "DD001", "DD008")
+    assert [f.id for f in found] == ["DD006"]
+    assert "rank 1 called barrier #6 at train.py:40" in found[0].message
+
+
+def test_equal_steps_evaluation_and_join_are_silent(tmp_path):
+    base = [coll(1, "ddp_init", ("train.py", 20)), ddp_record()] + ddp_steps(4, site=STEP)
+    # rank 0 evaluates 3 batches more under no_grad (non-communicating forwards): not steps
+    evals = [{"t": "e", "op": "ddp_forward", "g": "0", "s": 0, "d": 5, "site": ("train.py", 50)}] * 3
+    join = [{"t": "e", "op": "join_enter", "site": ("train.py", 27)},
+            {"t": "c", "op": "join", "g": "0", "s": 6, "d": 100, "site": ("train.py", 27)}]
+    folder = write_run(tmp_path, {0: base + evals + join, 1: base + join})
+    assert run_checks(folder, "DD006", "DD001") == []
+
+
+def test_short_rank_that_died_is_left_to_rank_failed(tmp_path):
+    folder = uneven_run(tmp_path, short_exit=raised("ValueError: corrupt sample", line=12))
+    found = run_checks(folder)
+    assert [f.id for f in found if f.severity == "error"] == ["DD008"]
+
+
+def test_rank_dependent_branch_is_left_to_divergent_collectives(tmp_path):
+    cond = ("train.py", 60, "model(probe)", [["train.py", 59, "if rank == 0:", "if"]])
+    base = [coll(1, "ddp_init", ("train.py", 20)), ddp_record()] + ddp_steps(3, site=STEP)
+    extra = [{"t": "c", "op": "ddp_forward", "g": "0", "s": 5, "d": 10, "site": cond, "grad": 1}]
+    folder = write_run(tmp_path, {0: base + extra, 1: base + [coll(5, "barrier", ("train.py", 62))]})
+    found = run_checks(folder, "DD006", "DD001")
+    assert [f.id for f in found] == ["DD001"] and found[0].ranks == [0]
+
+
+def test_killed_rank_with_an_unfinished_training_forward(tmp_path):
+    # equal all-reduces, but rank 0 was killed right after a 5th training forward (SIGKILL)
+    base = [coll(1, "ddp_init", ("train.py", 20)), ddp_record()] + ddp_steps(4, site=STEP)
+    fwd = {"t": "e", "op": "ddp_forward", "g": "0", "s": 0, "d": 5, "site": STEP, "grad": 1}
+    folder = write_run(tmp_path, {0: base + [fwd], 1: base}, exits={0: None}, dumps=(0,))
+    found = run_checks(folder, "DD006")
+    assert len(found) == 1 and found[0].ranks == [0] and found[0].data["steps"] == {"0": 5, "1": 4}
+    # the same extra forward on a rank that then exited normally (an eval with grad on): silent
+    folder = write_run(tmp_path / "b", {0: base + [fwd], 1: base})
+    assert run_checks(folder, "DD006") == []
+
+
+def test_ranks_training_different_ddp_groups_are_not_compared(tmp_path):
+    stage = {r: [ddp_record(g=f"s{r}")] + ddp_steps(3 + r, g=f"s{r}", site=STEP) for r in (0, 1)}
+    assert run_checks(write_run(tmp_path, stage), "DD006") == []
+
+
+def test_hundreds_of_ranks_one_short(tmp_path):
+    world = 256
+    ranks = {}
+    exits = {}
+    for r in range(world):
+        n = 11 if r == 77 else 12
+        ranks[r] = [coll(1, "ddp_init", ("train.py", 20)), ddp_record()] + ddp_steps(n, site=STEP)
+        if r != 77:
+            ranks[r] = ranks[r][:-1]
+            exits[r] = raised(GLOO_CLOSED, line=31, inflight=[["ddp_backward", "0", 13, STEP, 5]])
+    folder = write_run(tmp_path, ranks, exits=exits)
+    t0 = time.perf_counter()
+    found = run_checks(folder, "DD006", "DD001", "DD008")
+    took = time.perf_counter() - t0
+    assert [f.id for f in found] == ["DD006"]
+    assert found[0].data["short"] == [77] and len(found[0].ranks) == 255
+    assert "ranks 0-76,78-255: 12 steps" in found[0].message and "rank 77: 11 steps" in found[0].message
+    assert took < 10, took
+
+
+# -- end to end ---------------------------------------------------------------------------------
+EXAMPLES = ROOT / "checks" / "uneven-inputs"
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    def one(name):
+        d = tmp_path_factory.mktemp(f"ui-{name}") / "trace"
+        res = trace(torchrun(EXAMPLES / f"{name}.py"), d, "--no-report", "--hang-timeout", "0",
+                    env={"EXAMPLE_PG_TIMEOUT": "10"})
+        return name, res, d
+
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(one, ("bad", "good")))
+    out = {}
+    for name, res, d in runs:
+        assert (res.returncode != 0) == (name == "bad"), res.stdout + res.stderr
+        out[name] = findings_json(d)["findings"]
+    return out
+
+
+def test_bad_example_is_found(reports):
+    mine = [x for x in reports["bad"] if x["category"] == "uneven-inputs"]
+    assert len(mine) == 1 and mine[0]["ranks"] == [0]
+    assert mine[0]["data"]["steps"] == {"0": 5, "1": 4}
+    assert any(loc["role"] == "loop" and "for x in mine" in loc["source"] for loc in mine[0]["locations"])
+    # one explanation, not two: no divergence or rank failure reported for the same thing
+    assert [x["id"] for x in reports["bad"] if x["severity"] == "error"] == ["DD006"]
+
+
+def test_good_example_with_join_is_silent(reports):
+    assert [x["id"] for x in reports["good"] if x["category"] == "uneven-inputs"
+            or x["severity"] == "error"] == []
