@@ -1,5 +1,5 @@
 """A 2-rank gloo job of plain multiprocessing.Process children: rank 0 forked, rank 1 started
-with the "spawn" method; rank 1 raises after its last collective (tests/test_trace_launchers.py).
+with the "spawn" method; rank 1 raises after its last collective (tests/test_trace_jobs.py).
 The parent imports torch and never joins the process group.
 
 Usage: trace_mp_process.py PORT
