@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass, field
 
 from .base import Context
+from .base import fmt as base_fmt
 
 #: A peer process disappeared while this rank was communicating with it.
 PEER_GONE = re.compile(
@@ -48,6 +49,17 @@ MISUSE = re.compile(
 #: Exception types the backends raise (a user's own TimeoutError or ConnectionError is not one).
 _BACKEND_TYPES = frozenset({"RuntimeError", "DistBackendError", "DistNetworkError", "DistError",
                             "DistStoreError"})
+
+
+def fmt(ranks, parts: int = 8) -> str:
+    """"rank 3" / "ranks 0-6" for a message; a scattered set of hundreds of ranks is cut short
+    ("73 ranks: 3,10,17,...") since the finding's ``ranks`` list has them all."""
+    rs = sorted(set(ranks))
+    text = base_fmt(rs)
+    pieces = text.split(" ", 1)[1].split(",") if " " in text else []
+    if len(pieces) <= parts:
+        return text
+    return f"{len(rs)} ranks ({','.join(pieces[:parts])},...)"
 
 
 def comm_kind(text: str) -> str:

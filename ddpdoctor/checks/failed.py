@@ -13,8 +13,8 @@ from collections import defaultdict
 
 from ..findings import Location
 from . import _failures
-from ._failures import short_error
-from .base import Check, Context, fmt
+from ._failures import fmt, short_error
+from .base import Check, Context
 
 
 def _call(ctx: Context, r: int, ev: dict | None) -> str:
@@ -43,7 +43,8 @@ class RankFailed(Check):
             return []
         groups: dict[tuple, list] = defaultdict(list)
         for e in roots:
-            key = (e.how, short_error(e.exc, 200), e.file, e.line) if e.how == "exception" else (e.how,)
+            # same exception type at the same line: one finding, even if the texts name the rank
+            key = (e.how, e.exc.split(":", 1)[0], e.file, e.line) if e.how == "exception" else (e.how,)
             groups[key].append(e)
         first_t = min(e.t_end for e in roots)
         findings = []
@@ -86,6 +87,8 @@ class RankFailed(Check):
             locs.append(Location(r, e.file, e.line, e.func, src, "exception"))
             what = (f"{fmt(rs)} raised {short_error(e.exc, 160)} at "
                     f"{os.path.basename(e.file)}:{e.line} in {e.func}()")
+            if len({x.exc for x in es}) > 1:
+                what += f" (rank {r}'s text; the others' differ in detail)"
         else:
             what = (f"{fmt(rs)} ended without an exit record (killed: SIGKILL, the OOM killer, a crash "
                     f"or os._exit{'; its trace file is truncated' if e.truncated else ''})")

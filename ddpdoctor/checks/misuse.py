@@ -8,7 +8,8 @@ from collections import defaultdict
 
 from ..findings import Location
 from . import _failures
-from .base import Check, Context, fmt
+from ._failures import fmt
+from .base import Check, Context
 
 
 def explains(ctx: Context, point) -> bool:

@@ -12,7 +12,8 @@ import json
 from collections import defaultdict
 
 from . import _failures
-from .base import Check, Context, fmt
+from ._failures import fmt
+from .base import Check, Context
 
 
 def _parse(key: str) -> tuple[str, str, str] | None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..load import BARRIER_OPS
-from .base import Check, Context, fmt
+from ._failures import fmt
+from .base import Check, Context
 
 #: A barrier site must run at least this often on every rank to be "one per step".
 MIN_REPEATS = 20

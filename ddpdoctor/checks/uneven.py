@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from ..findings import Location
 from ..ranges import fmt_ranks
 from . import _failures
-from .base import Check, Context, fmt
+from ._failures import fmt
+from .base import Check, Context
 
 _STEP_OPS = ("ddp_forward", "ddp_backward")
 
