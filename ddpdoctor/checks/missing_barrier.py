@@ -99,9 +99,42 @@ class _Near:
         return list(out.values())
 
 
+def _modified(ctx: Context) -> tuple[set, set]:
+    """Paths some rank writes or removes, and paths removed (maybe directories)."""
+    modified: set = set()
+    removed: set = set()
+    for rt in ctx.run.ranks.values():
+        for r in rt.records("file"):
+            op = r.get("op")
+            if op in ("w", "rm", "mv"):
+                modified.add(r.get("path"))
+                if op != "w":
+                    removed.add(r.get("path"))
+                if op == "mv":
+                    modified.add(r.get("to"))
+    return modified, removed
+
+
+def _relevant(path: str, modified: set, removed: set) -> bool:
+    if path in modified:
+        return True
+    d = os.path.dirname(path)
+    while d and d != os.path.dirname(d):
+        if d in removed:
+            return True
+        d = os.path.dirname(d)
+    return False
+
+
 def _accesses(ctx: Context) -> tuple[dict[str, list[Access]], dict[int, list[tuple[int, str]]]]:
+    """File accesses by path, keeping only paths that some rank modifies (read-only data, the
+    bulk of the records on large jobs, cannot race)."""
     by_path: dict[str, list[Access]] = defaultdict(list)
     locks: dict[int, list[tuple[int, str]]] = defaultdict(list)  # rank -> [(ts, lock path)]
+    modified, removed = _modified(ctx)
+    if not modified:
+        return by_path, locks
+    relevant: dict[str, bool] = {}
     for rank, rt in ctx.run.ranks.items():
         seen: set = set()
         host = str(rt.header.get("host", ""))
@@ -124,6 +157,11 @@ def _accesses(ctx: Context) -> tuple[dict[str, list[Access]], dict[int, list[tup
             elif op in ("w", "r", "rm", "mkdir"):
                 items.append((op, path, "append" if r.get("app") else ""))
             for kind, p, how in items:
+                keep = relevant.get(p)
+                if keep is None:
+                    keep = relevant[p] = _relevant(p, modified, removed)
+                if not keep:
+                    continue
                 key = (kind, p, how, tuple(sorted(pos.items())), tuple(sorted(done.items())))
                 if key in seen:
                     continue  # the same operation again between the same collectives
