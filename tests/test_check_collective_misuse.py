@@ -79,11 +79,12 @@ EXAMPLES = ROOT / "checks" / "collective-misuse"
 def reports(tmp_path_factory):
     def one(name):
         d = tmp_path_factory.mktemp(f"cm-{name}") / "trace"
-        res = trace(torchrun(EXAMPLES / f"{name}.py"), d, "--no-report", "--hang-timeout", "0")
+        script, *args = name.split("-")  # "bad-groups": bad.py groups
+        res = trace(torchrun(EXAMPLES / f"{script}.py", *args), d, "--no-report", "--hang-timeout", "0")
         return name, res, d
 
-    with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(one, ("bad", "good")))
+    with ThreadPoolExecutor(3) as pool:
+        runs = list(pool.map(one, ("bad", "good", "bad-groups")))
     out = {}
     for name, res, d in runs:
         assert (res.returncode != 0) == (name == "bad"), res.stdout + res.stderr
@@ -97,6 +98,13 @@ def test_bad_example_is_found(reports):
     roles = {loc["role"]: loc["line"] for loc in mine[0]["locations"]}
     assert roles == {"call": 36, "destroy": 19}
     assert [x["id"] for x in reports["bad"] if x["severity"] == "error"] == ["DD012"]
+
+
+def test_bad_example_groups_variant(reports):
+    mine = [x for x in reports["bad-groups"] if x["category"] == "collective-misuse"]
+    assert len(mine) == 1 and mine[0]["data"]["kind"] == "members" and mine[0]["ranks"] == [0, 1]
+    assert "members [0]" in mine[0]["message"] and "members [1]" in mine[0]["message"]
+    assert mine[0]["locations"][0]["line"] == 27 and "new_group" in mine[0]["locations"][0]["source"]
 
 
 def test_good_example_is_silent(reports):

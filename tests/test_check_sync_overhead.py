@@ -126,8 +126,8 @@ def test_bad_example_is_found(reports):
     mine = {x["data"]["kind"]: x for x in reports["bad"] if x["category"] == "sync-overhead"}
     assert "barrier" in mine, reports["bad"]
     assert mine["barrier"]["data"]["calls"] == 40 and mine["barrier"]["locations"][0]["line"] == 34
-    # rank 1 sleeps 30 ms per step before the barrier: rank 0 loses ~1.2 s
-    assert mine["barrier"]["data"]["max_s"] > 0.8
+    # rank 1 sleeps 50 ms per step before the barrier: rank 0 loses ~2 s
+    assert mine["barrier"]["data"]["max_s"] > 1.2
     assert "straggler" in mine and mine["straggler"]["ranks"] == [1]
     assert [x for x in reports["bad"] if x["severity"] == "error"] == []
 

@@ -88,6 +88,9 @@ def test_killed_rank_with_an_unfinished_training_forward(tmp_path):
     # the same extra forward on a rank that then exited normally (an eval with grad on): silent
     folder = write_run(tmp_path / "b", {0: base + [fwd], 1: base})
     assert run_checks(folder, "DD006") == []
+    # the whole job killed mid-step (both ranks without exit record): a snapshot, not uneven data
+    folder = write_run(tmp_path / "c", {0: base + [fwd], 1: base}, exits={0: None, 1: None})
+    assert run_checks(folder, "DD006") == []
 
 
 def test_ranks_training_different_ddp_groups_are_not_compared(tmp_path):

@@ -18,7 +18,7 @@ STEPS = int(os.environ.get("EXAMPLE_STEPS", "40"))
 
 def load_batch(rank: int) -> torch.Tensor:
     if rank == 1:
-        time.sleep(0.03)  # rank 1's data comes from a slower disk
+        time.sleep(0.05)  # rank 1's data comes from a slower disk
     return torch.randn(4, 8)
 
 

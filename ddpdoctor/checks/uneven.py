@@ -73,9 +73,11 @@ def analyse(ctx: Context) -> list[Uneven]:
             # Equal all-reduces; a training forward more on a rank that did not end cleanly is
             # a step it started and never finished (killed before its backward was recorded).
             trains = {s.train for s in steps.values()}
-            top = max(trains)
+            top, low = max(trains), min(trains)
             if len(trains) == 1 or all(ends[r].how == "normal" for r in ranks if steps[r].train == top):
                 continue
+            if not all(_moved_on(ends[r]) for r in ranks if steps[r].train == low):
+                continue  # every rank was cut off mid-step (job killed): one step apart is a snapshot
             key = {r: s.train for r, s in steps.items()}
         else:
             key = {r: (s.bwd, s.fwd) for r, s in steps.items()}
@@ -96,6 +98,15 @@ def analyse(ctx: Context) -> list[Uneven]:
         out.append(u)
     ctx.__dict__["_ddpdoctor_uneven"] = out
     return out
+
+
+def _moved_on(e) -> bool:
+    """Whether a rank had left its training loop: it exited normally, or it was in (or failed
+    in) a call that is not a DDP step."""
+    if e.how == "normal":
+        return True
+    last = e.inflight[0] if e.inflight else e.failed_event
+    return last is not None and last.get("op") not in _STEP_OPS
 
 
 def _rank_condition(ctx: Context, p) -> bool:
