@@ -137,8 +137,15 @@ def _track_async(rec, result, op, gname, seq, site, wtag: str = "") -> None:
             pass
 
 
+#: Two names for one collective (torch 2.13 added the *_single names): recorded under the
+#: established name, so ranks that call different spellings are not taken for divergent.
+_CANONICAL = {"all_gather_single": "all_gather_into_tensor",
+              "reduce_scatter_single": "reduce_scatter_tensor"}
+
+
 def _make_collective(op: str, orig, spec):
     primary, other, roots, objs = spec
+    op = _CANONICAL.get(op, op)
     params, defaults = _signature(orig)
     get = _arg_getter(params, defaults)
     has_group = "group" in params or "group" in defaults

@@ -37,8 +37,38 @@ def trace(command: list[str], out: str | os.PathLike, *options: str, timeout: fl
     if env:
         full_env.update(env)
     cmd = [PY, "-m", "ddpdoctor", "trace", "--out", str(out), *options, "--", *command]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
-                          cwd=str(ROOT))
+    return run_bounded(cmd, timeout=timeout, env=full_env)
+
+
+def kill_tree(pid: int) -> None:
+    """Kill a process and every descendant (torchrun workers live in their own sessions)."""
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+        procs = parent.children(recursive=True) + [parent]
+    except psutil.Error:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+def run_bounded(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """subprocess.run with output captured; on timeout the whole process tree is killed, so a
+    hanging job never outlives its test."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=str(ROOT))
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def report(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -67,8 +67,9 @@ EXPECTED: dict[str, tuple[tuple[int, ...], dict]] = {
     "all_gather": ((0, 1), {"op": "all_gather", "x": ["float32[4]"], "xo": ["float32[4]"] * 2}),
     "all_gather_into_tensor": ((0, 1), {"op": "all_gather_into_tensor", "x": ["float32[2]"],
                                         "xo": ["float32[4]"]}),
-    "all_gather_single": ((0, 1), {"op": "all_gather_single", "x": ["float32[2]"], "xo": ["float32[4]"]}),
-    "reduce_scatter_single": ((0, 1), {"op": "reduce_scatter_single", "x": ["float32[4]"],
+    # the *_single spellings are recorded under the established names (one op, two names)
+    "all_gather_single": ((0, 1), {"op": "all_gather_into_tensor", "x": ["float32[2]"], "xo": ["float32[4]"]}),
+    "reduce_scatter_single": ((0, 1), {"op": "reduce_scatter_tensor", "x": ["float32[4]"],
                                        "xo": ["float32[2]"], "rop": "SUM"}),
     "reduce_scatter": ((0, 1), {"op": "reduce_scatter", "x": ["float32[2]"], "xo": ["float32[2]"] * 2,
                                 "rop": "SUM"}),

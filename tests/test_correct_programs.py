@@ -1,0 +1,26 @@
+"""No false errors: correct, real-world style distributed programs report no error finding.
+
+A false error on a correct program costs as much as a missed bug; these programs combine the
+patterns that naive checkers flag (rank-0-only checkpointing, logging and evaluation, per-rank
+augmentation, object collectives, async ops, subgroups, p2p pipelines, Join with uneven inputs).
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import ROOT, findings_json, torchrun, trace
+
+PROGRAMS = ROOT / "tests" / "correct_programs"
+
+
+@pytest.mark.parametrize("program", ["ddp_training.py", "subgroups_p2p.py", "join_uneven.py"])
+def test_correct_program_has_no_error(tmp_path, program):
+    out = tmp_path / "trace"
+    res = trace(torchrun(PROGRAMS / program), out, "--hang-timeout", "20", timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = findings_json(out)
+    errors = [f for f in doc["findings"] if f["severity"] == "error"]
+    warnings = [f for f in doc["findings"] if f["severity"] == "warning"]
+    assert not errors, [f["message"] for f in errors]
+    assert not warnings, [f["message"] for f in warnings]
+    assert doc["run"]["ranks_found"] == [0, 1]
