@@ -3,6 +3,9 @@
 This module imports neither torch nor click: the start-up bootstrap imports it in every
 Python process of a traced job (DataLoader workers, the torchrun agent...), which must stay cheap.
 The public test-suite API (``check``, ``spawn``, ``DistributedBugError``) is loaded on first use.
+
+PYTEST_DONT_REWRITE: under ``ddpdoctor trace -- pytest`` this package is imported before pytest
+loads its plugin, which would otherwise warn that it cannot assert-rewrite it.
 """
 
 from __future__ import annotations
