@@ -121,7 +121,36 @@ def mismatches(run: Run, group: str, until_seq: int | None, limit: int = 5) -> l
                 if len(found) >= limit:
                     return found
         del ops
+    if len(found) < limit:
+        tail = _pending_tail_mismatch(run, members, group, until_seq)
+        if tail is not None:
+            found.append(tail)
     return found
+
+
+def _pending_tail_mismatch(run: Run, members: list[int], group: str, until_seq: int | None) -> Point | None:
+    """A rank that died inside a collective (gloo aborts on mismatched sizes) completed one
+    event less than the others: compare its in-flight call with theirs at that position."""
+    counts = {r: (run.ranks[r].groups[group].count if group in run.ranks[r].groups else 0) for r in members}
+    top = max(counts.values(), default=0)
+    if top == 0 or (until_seq is not None and top >= until_seq):
+        return None
+    at: dict[int, dict | None] = {}
+    for r in members:
+        if counts[r] == top:
+            gs = run.ranks[r].groups[group]
+            b = (top - 1) // BLOCK
+            evs = read_group_events(run.ranks[r].path, group, gs.blocks[b][2], BLOCK)
+            at[r] = evs[(top - 1) % BLOCK] if len(evs) > (top - 1) % BLOCK else None
+        elif counts[r] == top - 1:
+            at[r] = _pending_event(run.ranks[r], group, top)
+        else:
+            return None
+    if any(e is None for e in at.values()) or not any(e.get("pending") for e in at.values()):
+        return None
+    if len({e.get("op") for e in at.values()}) > 1 or len({signature(e) for e in at.values()}) == 1:
+        return None
+    return Point(group, top, at)
 
 
 def all_groups(run: Run) -> list[str]:

@@ -120,6 +120,10 @@ def _install_signal_dumps(rec) -> None:
                 continue  # the program handles SIGTERM itself: leave it alone
             faulthandler.register(sig, file=rec._stacks_file, all_threads=True,
                                   chain=sig == signal.SIGTERM)
+        if not faulthandler.is_enabled():
+            # A rank that crashes in C++ (gloo aborts on mismatched sizes) leaves its Python
+            # stack here; the process still dies exactly as it would have.
+            faulthandler.enable(file=rec._stacks_file, all_threads=True)
     except (OSError, RuntimeError, ValueError):
         pass
 

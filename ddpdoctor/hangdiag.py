@@ -12,7 +12,7 @@ import os
 from collections import defaultdict
 
 from .ranges import fmt_ranks
-from .sourceinfo import is_rank_dependent
+from .sourceinfo import is_rank_dependent, loop_left
 
 # Verdicts. "stall" means some ranks wait while others still run Python code: it may resolve.
 DIVERGED, DEAD, STALL, ELSEWHERE, BACKEND = "diverged", "rank-gone", "stall", "other-group", "backend"
@@ -134,6 +134,10 @@ def _minority(groups: dict[str, list[int]], statuses: dict[int, dict]) -> tuple[
         return culprit, f"it issued {', '.join(sorted(mine)) or 'another call'} where " \
                         f"rank{'s' if len(maj) > 1 else ''} {fmt_ranks(maj)} issued {maj_label}"
     labels = "; ".join(f"{fmt_ranks(v)}: {_op_label(statuses[v[0]])}" for v in groups.values())
+    if "desync" in groups:
+        return [], (f"the ranks are at different positions of the sequence ({labels}): some already "
+                    "completed a collective the others are still inside, which happens when they passed "
+                    "tensors of different sizes to it or diverged earlier (see collective-mismatch)")
     # A tie. Uneven inputs: one side is in a DDP step and ran more DDP steps than the other.
     steps = {k: max(int(statuses.get(r, {}).get("ddp_steps", 0) or 0) for r in rs) for k, rs in groups.items()}
     ddp_side = [k for k, rs in groups.items()
@@ -156,6 +160,20 @@ def _minority(groups: dict[str, list[int]], statuses: dict[int, dict]) -> tuple[
     if len(flagged) == 1:
         return sorted(groups[flagged[0]]), f"the ranks disagree ({labels}); its call is under a " \
                                            "rank-dependent condition"
+    # One side still inside a loop the other has left through a conditional break/return.
+    for k, rs in groups.items():
+        mine = (statuses.get(rs[0], {}).get("site") or {}).get("conds") or []
+        for k2, rs2 in groups.items():
+            if k2 == k:
+                continue
+            theirs = (statuses.get(rs2[0], {}).get("site") or {}).get("conds") or []
+            found = loop_left(mine, theirs)
+            exits = [e for e in (found or {}).get("exits", []) if e[2]]
+            if found and exits:
+                base = os.path.basename(found["file"])
+                return sorted(rs2), (f"the ranks disagree ({labels}); it left the loop at {base}:"
+                                     f"{found['line']} `{found['text']}` early, through {base}:{exits[0][0]} "
+                                     f"`{exits[0][1]}` under {base}:{exits[0][2]} `{exits[0][3]}`")
     return [], f"the ranks disagree ({labels})"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
@@ -40,6 +41,69 @@ def _well_typed(rec: dict) -> bool:
         if v is not None and not isinstance(v, typ):
             return False
     return True
+
+
+#: Fast path for ``c`` records (most of a trace): lines that differ only in the values of
+#: ``s``, ``ts``, ``d`` (and ``step``) share one *shape*, decoded and checked once with json.loads
+#: (see _Shape.make); the other lines of a shape are matched by this pattern and never decoded.
+#: False: json.loads for every line (the reference the fast path is tested against).
+FAST_PATH = True
+_FAST_C = re.compile(rb'\{"t":"c",(.*?)"s":(0|[1-9][0-9]*),(.*?)"ts":(0|[1-9][0-9]*),"d":(0|[1-9][0-9]*),'
+                     rb'"site":(-?[0-9]+)(?:,"step":(0|[1-9][0-9]*))?(.*)\}\n\Z')
+_MAX_SHAPES = 4096
+#: (regex group, stand-in value) of the varying fields s, ts, d, step
+_VARYING = (("s", 2, 987654321), ("ts", 4, 987654322), ("d", 5, 987654323), ("step", 7, 987654324))
+
+
+class _Shape:
+    """What every ``c`` line of one shape contributes, computed from its first line."""
+
+    __slots__ = ("tmpl", "gs", "g", "op", "op_b", "sig_b", "opsite", "ddp", "train_fwd", "n",
+                 "total", "longest")
+
+    def __init__(self, rec: dict, gs: GroupStream) -> None:
+        self.tmpl = dict(rec)
+        self.gs = gs
+        self.g = rec.get("g", "0")
+        self.op = rec.get("op", "?")
+        self.op_b = self.op.encode()
+        self.sig_b = (self.op + "|" + signature(rec)).encode()
+        self.opsite = (self.op, rec.get("site"))
+        self.ddp = self.op in ("ddp_forward", "ddp_backward")
+        self.train_fwd = bool(rec.get("grad")) and self.op == "ddp_forward"
+        self.n = self.total = self.longest = 0  # events taken by the fast path; sum, max of d
+
+    @staticmethod
+    def make(raw: bytes, m, rec: dict, gs: GroupStream) -> _Shape | None:
+        """The shape of this line, or None (never the fast path) for a rare kind of event or
+        when the pattern's numbers are not plainly the fields: checked by decoding the line
+        again with other numbers in their places."""
+        if "err" in rec or "ddp_overlap" in rec or rec.get("t") != "c":
+            return None
+        parts, pos, want = [], 0, {}
+        for name, grp, val in _VARYING:
+            if m.start(grp) >= 0:
+                parts += [raw[pos:m.start(grp)], str(val).encode()]
+                pos = m.end(grp)
+                want[name] = val
+        parts.append(raw[pos:])
+        try:
+            alt = json.loads(b"".join(parts))
+        except ValueError:
+            return None
+        if not isinstance(alt, dict) or any(alt.get(k) != v or type(rec.get(k)) is not int
+                                            for k, v in want.items()):
+            return None
+        if {k: v for k, v in alt.items() if k not in want} != {k: v for k, v in rec.items() if k not in want}:
+            return None
+        return _Shape(rec, gs)
+
+    def record(self, m) -> dict:
+        rec = dict(self.tmpl)
+        rec["s"], rec["ts"], rec["d"] = int(m.group(2)), int(m.group(4)), int(m.group(5))
+        if m.start(7) >= 0:
+            rec["step"] = int(m.group(7))
+        return rec
 
 
 class TraceError(Exception):
@@ -144,6 +208,9 @@ def read_rank(path: str) -> RankTrace:
         return rt
     loads = json.loads
     crc = zlib.crc32
+    fast_match = _FAST_C.match if FAST_PATH else None
+    shapes: dict[tuple, _Shape | None] = {}
+    last_op = rt.last_op
     with f:
         offset = 0
         for raw in f:
@@ -152,6 +219,43 @@ def read_rank(path: str) -> RankTrace:
             if not raw.endswith(b"\n"):
                 rt.truncated = True  # a rank killed mid-write: tolerated
                 break
+            m = None
+            if fast_match is not None and raw.startswith(b'{"t":"c",'):
+                m = fast_match(raw)
+                if m is not None:
+                    key = m.group(1, 3, 6, 8) + (m.start(7),)
+                    sh = shapes.get(key)
+                    if sh is not None:  # what the "c" branch below does, from the shape
+                        rt.events += 1
+                        gs = sh.gs
+                        if gs.count % BLOCK == 0:
+                            if gs.count:
+                                gs.blocks[-1][0], gs.blocks[-1][1] = gs._op, gs._sig
+                            gs.blocks.append([0, 0, start])
+                            gs._op = gs._sig = 0
+                        gs._op = crc(sh.op_b, gs._op)
+                        gs._sig = crc(sh.sig_b, gs._sig)
+                        gs.count += 1
+                        rt.tail.append((sh, m))  # decoded at the end, if still in the tail
+                        if sh.ddp:
+                            rt.ddp_steps[sh.op] += 1
+                            rt.ddp_sites[sh.op] = sh.opsite[1]
+                            if sh.train_fwd:
+                                rt.ddp_train_fwd += 1
+                        d = int(m.group(5))
+                        sh.n += 1
+                        sh.total += d
+                        if d > sh.longest:
+                            sh.longest = d
+                        prev = last_op.get(sh.g)
+                        if prev is not None and prev[0] in BARRIER_OPS:
+                            k = (prev[1], sh.op)
+                            rt.after_barrier[k] = rt.after_barrier.get(k, 0) + 1
+                        last_op[sh.g] = sh.opsite
+                        end = int(m.group(4)) + d
+                        if end > rt.last_ts:
+                            rt.last_ts = end
+                        continue
             try:
                 rec = loads(raw)
             except ValueError:
@@ -210,6 +314,8 @@ def read_rank(path: str) -> RankTrace:
                 end = rec.get("ts", 0) + d
                 if end > rt.last_ts:
                     rt.last_ts = end
+                if m is not None and key not in shapes and len(shapes) < _MAX_SHAPES:
+                    shapes[key] = _Shape.make(raw, m, rec, gs)
             elif t == "p":
                 rt.events += 1
                 key = f'{rec.get("g", "0")}:{rec.get("ch", "?")}'
@@ -256,9 +362,23 @@ def read_rank(path: str) -> RankTrace:
                     rt.header.setdefault("_groups", {})[rec.get("g")] = rec.get("ranks")
             else:
                 rt.bad_lines += 0  # unknown record types from newer writers are skipped
+    _read_sidecars(rt, path)
     for gs in rt.groups.values():
         if gs.blocks:
             gs.blocks[-1][0], gs.blocks[-1][1] = gs._op, gs._sig
+    for sh in shapes.values():
+        if sh is not None and sh.n:
+            w = rt.waits[sh.op]
+            w[0] += sh.n
+            w[1] += sh.total
+            w[2] = max(w[2], sh.longest)
+            w = rt.op_sites[sh.opsite]
+            w[0] += sh.n
+            w[1] += sh.total
+    if shapes:
+        tail = [x if isinstance(x, dict) else x[0].record(x[1]) for x in rt.tail]
+        rt.tail.clear()
+        rt.tail.extend(tail)
     if not rt.header:
         rt.problems.append(f"{os.path.basename(path)}: no header record (not a ddpdoctor trace?)")
     elif int(rt.header.get("schema", 0)) > SCHEMA_VERSION:
@@ -292,3 +412,45 @@ def read_group_events(path: str, group: str, offset: int, limit: int) -> list[di
     except OSError:
         pass
     return out
+
+
+_FATAL = re.compile(r"^Fatal Python error: (.+)$", re.M)
+_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+)$', re.M)
+_LIBRARY_PARTS = ("/site-packages/", "/dist-packages/", "/ddpdoctor/", "/lib/python3", "<frozen")
+
+
+def _read_sidecars(rt: RankTrace, path: str) -> None:
+    """What a rank that died in C++ left beside its trace: the call it was inside (the
+    memory-mapped in-flight file) and, from faulthandler, the fatal error and its stack."""
+    from . import inflightfile
+
+    base = path[: -len(SUFFIX)]
+    line = inflightfile.read(base + inflightfile.SUFFIX)
+    if line:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if isinstance(rec, dict) and rec.get("t") == "c" and isinstance(rec.get("s"), int):
+            gs = rt.groups.get(rec.get("g", "0"))
+            if rec["s"] > (gs.count if gs is not None else 0):
+                rt.rare.append(dict(rec, t="pending", src="inflight"))
+    if rt.exit_record() is not None:
+        return
+    try:
+        with open(base + ".stacks.txt", errors="replace") as f:
+            text = f.read()[-200000:]
+    except OSError:
+        return
+    fatal = list(_FATAL.finditer(text))
+    if not fatal:
+        return
+    block = text[fatal[-1].start():]
+    current = block.find("Current thread")
+    frames = _FRAME.findall(block[current:] if current >= 0 else block)
+    user = next((f for f in frames if not any(p in f[0] for p in _LIBRARY_PARTS)), None)
+    rec = {"t": "exit", "how": "crash", "exc": f"Fatal Python error: {fatal[-1].group(1).strip()}",
+           "ts": rt.last_ts, "src": "faulthandler"}
+    if user:
+        rec.update(file=user[0], line=int(user[1]), func=user[2].strip())
+    rt.rare.append(rec)

@@ -93,12 +93,16 @@ class _Call:
         start = time.perf_counter_ns()
         start_us = (start - rec.t0_ns) // 1000
         rec.inflight[tid] = (op, gname, seq, site, start_us)
+        slot = rec.slot
+        if slot is not None:  # survives the process dying inside the call (see inflightfile)
+            slot.set(f'{{"t":"{kind}",{head},"ts":{start_us},"site":{site}}}')
         local.depth = 1
         try:
             result = orig(*args, **kwargs)
         except BaseException as exc:
             local.depth = 0
             rec.inflight.pop(tid, None)
+            rec.last_failed = (op, gname, seq, start_us)  # a hang that ends in an error is no "resolved"
             dur = (time.perf_counter_ns() - start) // 1000
             err = json.dumps(f"{type(exc).__name__}: {exc}"[:500])
             rec.emit_line(f'{{"t":"{kind}",{head},"ts":{start_us},"d":{dur},"site":{site},"err":{err}}}')

@@ -40,6 +40,7 @@ class Recorder:
         self.settings = settings
         self.enabled = True
         self.writer: TraceWriter | None = None
+        self.slot = None  # inflightfile.InflightSlot once this process is a rank
         self.rank: int | None = None
         self.world: int | None = None
         self._pending: list[str] = []  # records made before the process group existed
@@ -57,6 +58,7 @@ class Recorder:
         self.ddp_refs: list = []  # weak references to DDP modules (see patch_ddp)
         self.events = 0
         self.last_event: tuple | None = None  # (op, group, seq, site, end_us)
+        self.last_failed: tuple | None = None  # (op, group, seq, start_us) of the last call that raised
         self._error_logged = False
         self.watchdog = None
 
@@ -109,6 +111,12 @@ class Recorder:
             "hang_timeout_s": self.settings.hang_timeout, "tool": "ddpdoctor",
         }
         self.writer.write(header)
+        try:
+            from .inflightfile import SUFFIX, InflightSlot
+
+            self.slot = InflightSlot(path[: -len(".jsonl")] + SUFFIX)
+        except (OSError, ValueError):
+            self.slot = None
         # Call sites interned before the file existed (events refer to them by id), then the
         # records made before the process group existed.
         for sid in sorted(self.sites.records):
@@ -156,6 +164,9 @@ class Recorder:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        if self.slot is not None:
+            self.slot.close()
+            self.slot = None
         self.seq.clear()
         self.p2p.clear()
         return path

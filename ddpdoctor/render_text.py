@@ -39,6 +39,9 @@ def _exit_status(rt) -> str:
                 f"{os.path.basename(str(ex.get('file')))}:{ex.get('line')}")
     if how == "hang-kill":
         return "ended by ddpdoctor after a hang"
+    if how == "crash":  # from faulthandler's dump: the process died in C/C++ code
+        where = f" at {os.path.basename(str(ex.get('file')))}:{ex.get('line')}" if ex.get("file") else ""
+        return f"crashed: {_short(str(ex.get('exc', '')))}{where}"
     return how
 
 

@@ -79,3 +79,51 @@ def conditions_for_stack(frames: list[tuple[str, int]]) -> list[list]:
 
 def is_rank_dependent(text: str) -> bool:
     return bool(RANK_WORDS.search(text))
+
+
+def loop_exits(filename: str, loop_line: int) -> list[list]:
+    """Early exits of the loop whose header is at ``loop_line``: ``break`` (not of an inner
+    loop), ``return`` and ``raise`` statements in its body, each with the innermost ``if`` that
+    guards it: ``[[line, statement, if_line, if_text], ...]``. Read when a finding is made."""
+    lines = linecache.getlines(filename)
+    if not lines:
+        return []
+    try:
+        tree = ast.parse("".join(lines), filename)
+    except (SyntaxError, ValueError):
+        return []
+    loop = next((n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While, ast.AsyncFor))
+                 and n.lineno == loop_line), None)
+    if loop is None:
+        return []
+    out: list[list] = []
+
+    def visit(node, guard, in_inner_loop):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                continue
+            g = guard
+            if isinstance(child, ast.If):
+                g = (child.lineno, lines[child.lineno - 1].strip())
+            inner = in_inner_loop or isinstance(child, (ast.For, ast.While, ast.AsyncFor))
+            if isinstance(child, (ast.Return, ast.Raise)) or (isinstance(child, ast.Break) and not in_inner_loop):
+                text = lines[child.lineno - 1].strip()
+                out.append([child.lineno, text, g[0] if g else 0, g[1] if g else ""])
+            visit(child, g, inner)
+
+    for stmt in loop.body:
+        visit(ast.Module(body=[stmt], type_ignores=[]), None, False)
+        if isinstance(stmt, (ast.Return, ast.Raise, ast.Break)):
+            out.append([stmt.lineno, lines[stmt.lineno - 1].strip(), 0, ""])
+    return out[:5]
+
+
+def loop_left(inside_conds: list, outside_conds: list) -> dict | None:
+    """When one rank's call is inside a loop that another rank's call is not in, the other rank
+    has left that loop (or never entered it): the innermost such loop and its early exits,
+    ``{"file", "line", "text", "exits": loop_exits(...)}``; None otherwise."""
+    theirs = {(c[0], c[1]) for c in outside_conds or []}
+    for c in reversed(inside_conds or []):
+        if len(c) >= 4 and c[3] in ("for", "while") and (c[0], c[1]) not in theirs:
+            return {"file": c[0], "line": int(c[1]), "text": c[2], "exits": loop_exits(c[0], int(c[1]))}
+    return None

@@ -269,6 +269,15 @@ class Watchdog(threading.Thread):
                 self._die()
             return
         waited = (now - key[3]) / 1e6
+        if getattr(rec, "last_failed", None) == key:
+            msg = (f"ddpdoctor: the hung {key[0]} #{key[2]} in process group {key[1]} ended with an "
+                   f"error after {waited:.1f} s (the backend's timeout or a peer's failure)")
+            print(msg, file=sys.stderr, flush=True)
+            rec.emit({"t": "hang", "role": "failed", "ep": self.reporting["ep"],
+                      "waited_s": round(waited, 3), "ts": now})
+            self._write_file(f"hang-{self.reporting['ep']}.txt", msg + "\n", append=True)
+            self.reporting = None
+            return
         msg = (f"ddpdoctor: resolved: {key[0]} #{key[2]} in process group {key[1]} completed "
                f"after about {waited:.1f} s (it was diagnosed at {self.timeout:g} s): a slow rank, "
                "not a hang")

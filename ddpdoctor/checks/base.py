@@ -59,6 +59,18 @@ class Context:
                 out[g] = p
         return out
 
+    @cached_property
+    def mismatches(self) -> dict[str, list[align.Point]]:
+        """Per group, the first positions (before any divergence) where the same op had
+        different shapes, dtypes, reduce ops or roots."""
+        out = {}
+        for g in self.groups:
+            until = self.divergences[g].seq if g in self.divergences else None
+            points = align.mismatches(self.run, g, until, limit=3)
+            if points:
+                out[g] = points
+        return out
+
     # -- helpers --------------------------------------------------------------------------------
     def site(self, rank: int, sid) -> dict:
         rt = self.run.ranks.get(rank)

@@ -63,6 +63,44 @@ def common_caller(ctx: Context, pairs: list[tuple[int, object]]) -> str | None:
     return f"{os.path.basename(common[0])}:{common[1]} {common[2]}()"
 
 
+def loop_split(ctx: Context, by_op: dict, point) -> dict | None:
+    """Two sides where one is still inside a loop the other has left: name the loop and its
+    early exits (``break``/``return`` under a condition), and blame the side that left when
+    the loop has such exits (a decision on a rank-local value); with none, the loop simply ran
+    a different number of times (different data lengths) and nobody is blamed."""
+    from ..sourceinfo import loop_left
+
+    sides = [(op, rs) for op, rs in by_op.items()]
+    for op, rs in sides:
+        ev = point.events[rs[0]]
+        if ev is None:
+            continue
+        mine = ctx.site(rs[0], ev.get("site")).get("conds") or []
+        for op2, rs2 in sides:
+            if op2 == op:
+                continue
+            ev2 = point.events[rs2[0]]
+            theirs = ctx.site(rs2[0], ev2.get("site")).get("conds") or [] if ev2 is not None else []
+            found = loop_left(mine, theirs)
+            if found is None:
+                continue
+            base = os.path.basename(found["file"])
+            text = (f"{fmt(rs2)} left the loop at {base}:{found['line']} `{found['text']}` that "
+                    f"{fmt(rs)} {'is' if len(rs) == 1 else 'are'} still in")
+            locs = [Location(rs2[0], found["file"], found["line"], "", found["text"], "loop")]
+            exits = [e for e in found["exits"] if e[2]]
+            if exits:
+                e = exits[0]
+                text += (f"; the loop exits early at {base}:{e[0]} `{e[1]}` under {base}:{e[2]} `{e[3]}`: "
+                         "a condition on a rank-local value lets ranks leave it at different iterations.")
+                locs.append(Location(rs2[0], found["file"], e[2], "", e[3], "condition"))
+                locs.append(Location(rs2[0], found["file"], e[0], "", e[1], "exit"))
+                return {"culprit": sorted(rs2), "text": text, "locations": locs}
+            text += ": the ranks ran it a different number of times (different data lengths?)."
+            return {"culprit": [], "text": text, "locations": locs}
+    return None
+
+
 class DivergentCollectives(Check):
     id = "DD001"
     category = "divergent-collectives"
@@ -77,6 +115,10 @@ class DivergentCollectives(Check):
         failed = ctx.failed_ranks()
         roots = _failures.root_causes(ctx) if ctx.enabled("DD008") else set()
         for group, p in ctx.divergences.items():
+            if ctx.enabled("DD002") and any(m.seq < p.seq for m in ctx.mismatches.get(group, [])):
+                # Ranks that passed different sizes to a collective leave it at different
+                # times and drift apart: DD002 reports that root cause.
+                continue
             by_op: dict = defaultdict(list)
             for r, ev in sorted(p.events.items()):
                 by_op[(ev or {}).get("op")].append(r)
@@ -90,6 +132,9 @@ class DivergentCollectives(Check):
             if misuse.explains(ctx, p):
                 continue  # a call that failed for want of a process group: collective-misuse
             blame, why = culprit(ctx, by_op, p)
+            loop = loop_split(ctx, by_op, p) if not blame else None
+            if loop is not None and loop["culprit"]:
+                blame, why = loop["culprit"], "loop"
             locations: list[Location] = []
             parts = []
             evidence = []
@@ -120,8 +165,13 @@ class DivergentCollectives(Check):
             msg = f"In process group {group}, at collective #{p.seq} the ranks disagree: " + "; ".join(parts) + "."
             if caller:
                 msg += f" Common caller: {caller}."
+            if loop is not None:
+                msg += " " + loop["text"]
+                locations.extend(loop["locations"])
             if blame:
-                msg += f" Culprit: {fmt(blame)} ({'the minority' if why == 'minority' else 'its call is under a rank-dependent condition'})."
+                reason = {"minority": "the minority", "condition": "its call is under a rank-dependent condition",
+                          "loop": "it left the loop early"}[why]
+                msg += f" Culprit: {fmt(blame)} ({reason})."
             msg += " Such a program hangs until the backend's timeout or exchanges wrong data."
             findings.append(self.finding(msg, blame or list(p.events), locations, evidence=evidence,
                                          data={"group": group, "seq": p.seq, "culprit": blame,

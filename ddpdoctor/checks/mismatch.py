@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .. import align
 from .base import Check, Context, fmt
 
 _FIELDS = (("x", "tensors"), ("rop", "reduce op"), ("root", "root rank"), ("groot", "root rank"),
@@ -22,8 +21,7 @@ class CollectiveMismatch(Check):
     def run(self, ctx: Context):
         findings = []
         for group in ctx.groups:
-            until = ctx.divergences[group].seq if group in ctx.divergences else None
-            for p in align.mismatches(ctx.run, group, until, limit=3):
+            for p in ctx.mismatches.get(group, []):
                 ev0 = next(iter(p.events.values()))
                 op = ev0.get("op")
                 diffs = []
