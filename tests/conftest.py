@@ -101,3 +101,28 @@ def read_records(trace_dir, rank: int) -> list[dict]:
 @pytest.fixture
 def tmp_trace(tmp_path):
     return tmp_path / "trace"
+
+
+def example_reports(tmp_path_factory, category: str, names=("bad", "good"), failing=("bad",),
+                    pg_timeout: str | None = "10") -> dict[str, list]:
+    """Run ``checks/<category>/<name>.py`` under ``ddpdoctor trace`` (two runs at a time; a name
+    ``bad-x`` runs bad.py with the argument ``x``), assert which ones fail (exit status), and
+    return each run's findings from ``ddpdoctor report --format json``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = ROOT / "checks" / category
+
+    def one(name):
+        d = tmp_path_factory.mktemp(f"{category}-{name}") / "trace"
+        script, *args = name.split("-")
+        env = {"EXAMPLE_PG_TIMEOUT": pg_timeout} if pg_timeout else None
+        res = trace(torchrun(folder / f"{script}.py", *args), d, "--no-report", "--hang-timeout", "0", env=env)
+        return name, res, d
+
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(one, names))
+    out = {}
+    for name, res, d in runs:
+        assert (res.returncode != 0) == (name in failing), res.stdout + res.stderr
+        out[name] = findings_json(d)["findings"]
+    return out

@@ -5,10 +5,8 @@ Unit tests on hand-written traces, then the documented bad/good programs end to 
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
-from conftest import ROOT, findings_json, torchrun, trace
+from conftest import example_reports
 from endkit import NO_PG, coll, raised, run_checks, write_run
 
 DESTROY = {"t": "pg", "op": "destroy", "g": "0", "site": ("train.py", 19, "dist.destroy_process_group()")}
@@ -72,24 +70,11 @@ def test_consistent_groups_are_silent(tmp_path):
 
 
 # -- end to end ---------------------------------------------------------------------------------
-EXAMPLES = ROOT / "checks" / "collective-misuse"
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    def one(name):
-        d = tmp_path_factory.mktemp(f"cm-{name}") / "trace"
-        script, *args = name.split("-")  # "bad-groups": bad.py groups
-        res = trace(torchrun(EXAMPLES / f"{script}.py", *args), d, "--no-report", "--hang-timeout", "0")
-        return name, res, d
-
-    with ThreadPoolExecutor(3) as pool:
-        runs = list(pool.map(one, ("bad", "good", "bad-groups")))
-    out = {}
-    for name, res, d in runs:
-        assert (res.returncode != 0) == (name == "bad"), res.stdout + res.stderr
-        out[name] = findings_json(d)["findings"]
-    return out
+    return example_reports(tmp_path_factory, "collective-misuse", names=("bad", "good", "bad-groups"), pg_timeout=None)
 
 
 def test_bad_example_is_found(reports):

@@ -4,10 +4,8 @@ Unit tests on hand-written traces, then the documented bad/good programs end to 
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
-from conftest import ROOT, findings_json, torchrun, trace
+from conftest import example_reports
 from endkit import GLOO_TIMEOUT, coll, raised, run_checks, write_run
 
 SEND = ("pipe.py", 10, "dist.send(t, dst=1)")
@@ -71,25 +69,11 @@ def test_a_receiver_that_died_is_left_to_rank_failed(tmp_path):
 
 
 # -- end to end ---------------------------------------------------------------------------------
-EXAMPLES = ROOT / "checks" / "p2p-mismatch"
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    def one(name):
-        d = tmp_path_factory.mktemp(f"p2p-{name}") / "trace"
-        # bad blocks in its unmatched send until the process group's timeout: keep it short
-        res = trace(torchrun(EXAMPLES / f"{name}.py"), d, "--no-report", "--hang-timeout", "0",
-                    env={"EXAMPLE_PG_TIMEOUT": "4"})
-        return name, res, d
-
-    with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(one, ("bad", "good")))
-    out = {}
-    for name, res, d in runs:
-        assert (res.returncode != 0) == (name == "bad"), res.stdout + res.stderr
-        out[name] = findings_json(d)["findings"]
-    return out
+    return example_reports(tmp_path_factory, "p2p-mismatch", pg_timeout="4")
 
 
 def test_bad_example_is_found(reports):

@@ -5,10 +5,8 @@ Unit tests on hand-written traces, then the documented bad/good programs end to 
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
-from conftest import ROOT, findings_json, torchrun, trace
+from conftest import example_reports
 from endkit import coll, ddp_record, run_checks, write_run
 
 BAR = ("train.py", 34, "dist.barrier()", [["train.py", 31, "for x in loader:", "for"]])
@@ -103,23 +101,11 @@ def test_most_ranks_slow_is_not_one_straggler(tmp_path):
 
 
 # -- end to end ---------------------------------------------------------------------------------
-EXAMPLES = ROOT / "checks" / "sync-overhead"
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    def one(name):
-        d = tmp_path_factory.mktemp(f"so-{name}") / "trace"
-        res = trace(torchrun(EXAMPLES / f"{name}.py"), d, "--no-report", "--hang-timeout", "0")
-        return name, res, d
-
-    with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(one, ("bad", "good")))
-    out = {}
-    for name, res, d in runs:
-        assert res.returncode == 0, res.stdout + res.stderr
-        out[name] = findings_json(d)["findings"]
-    return out
+    return example_reports(tmp_path_factory, "sync-overhead", failing=(), pg_timeout=None)
 
 
 def test_bad_example_is_found(reports):

@@ -5,10 +5,9 @@ Unit tests on hand-written traces, then the documented bad/good programs end to 
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import ROOT, findings_json, torchrun, trace
+from conftest import example_reports
 from endkit import GLOO_CLOSED, GLOO_TIMEOUT, coll, ddp_record, ddp_steps, raised, run_checks, write_run
 
 STEP = ("train.py", 30, "loss = model(x)", [["train.py", 28, "for x in batches:", "for"]])
@@ -119,24 +118,11 @@ def test_hundreds_of_ranks_one_short(tmp_path):
 
 
 # -- end to end ---------------------------------------------------------------------------------
-EXAMPLES = ROOT / "checks" / "uneven-inputs"
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    def one(name):
-        d = tmp_path_factory.mktemp(f"ui-{name}") / "trace"
-        res = trace(torchrun(EXAMPLES / f"{name}.py"), d, "--no-report", "--hang-timeout", "0",
-                    env={"EXAMPLE_PG_TIMEOUT": "10"})
-        return name, res, d
-
-    with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(one, ("bad", "good")))
-    out = {}
-    for name, res, d in runs:
-        assert (res.returncode != 0) == (name == "bad"), res.stdout + res.stderr
-        out[name] = findings_json(d)["findings"]
-    return out
+    return example_reports(tmp_path_factory, "uneven-inputs")
 
 
 def test_bad_example_is_found(reports):

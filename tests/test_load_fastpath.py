@@ -1,0 +1,108 @@
+"""The loader's fast path for ``c`` records must read exactly what json.loads reads.
+
+Each file is read twice, with ``load.FAST_PATH`` on and off, and every field of the resulting
+``RankTrace`` is compared: the synthetic traces of the scale benchmark, plus lines built to trip
+a pattern-based reader (look-alike fields inside strings, leading zeros, duplicate keys, DDP
+steps, errors, corrupt and truncated lines).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from bench import synth
+from ddpdoctor import load
+
+
+def _fields(rt: load.RankTrace) -> dict:
+    out = {}
+    for f in dataclasses.fields(rt):
+        v = getattr(rt, f.name)
+        if f.name == "groups":
+            v = {k: (g.count, g.blocks) for k, g in v.items()}
+        elif f.name == "tail":
+            v = list(v)
+        out[f.name] = v
+    return out
+
+
+def _both(path) -> tuple[dict, dict]:
+    old = load.FAST_PATH
+    try:
+        load.FAST_PATH = False
+        slow = _fields(load.read_rank(str(path)))
+        load.FAST_PATH = True
+        fast = _fields(load.read_rank(str(path)))
+    finally:
+        load.FAST_PATH = old
+    return slow, fast
+
+
+def test_synthetic_traces_read_the_same(tmp_path, monkeypatch):
+    made = []
+    real_make = load._Shape.make
+    monkeypatch.setattr(load._Shape, "make", staticmethod(lambda *a: made.append(real_make(*a)) or made[-1]))
+    p = synth.write(str(tmp_path), ranks=3, events=1500)
+    files = sorted(tmp_path.glob("rank*.jsonl"))
+    assert len(files) == 3
+    for f in files:
+        slow, fast = _both(f)
+        assert slow == fast
+        assert slow["events"] == p["events"]
+        assert slow["groups"]["0"][0] == p["events"]
+    # the fast path was taken: one shape per kind of event, not one per line
+    assert 0 < sum(s is not None for s in made) <= 3 * 6
+
+
+HEADER = {"t": "header", "schema": 1, "run": "r", "rank": 0, "world": 2, "host": "h", "pid": 1,
+          "attempt": 0}
+# Lines as a writer (or a damaged file) could have them; each repeats so the fast path engages.
+TRICKY = [
+    '{"t":"c","op":"all_reduce","g":"0","s":%d,"x":["float32[4]"],"n":4,"rop":"SUM","ts":%d,"d":%d,"site":1}',
+    '{"t":"c","op":"ddp_forward","g":"0","s":%d,"ts":%d,"d":%d,"site":2,"step":%d,"bufs":1,"grad":1}',
+    '{"t":"c","op":"ddp_backward","g":"0","s":%d,"ts":%d,"d":%d,"site":2,"step":%d}',
+    '{"t":"c","op":"barrier","g":"0","s":%d,"ts":%d,"d":%d,"site":-1,"async":1}',
+    # look-alike fields inside a string value
+    '{"t":"c","op":"x\\"s\\":1,","g":"0","s":%d,"x":["\\"ts\\":5,\\"d\\":6,"],"ts":%d,"d":%d,"site":3}',
+    # the error text is part of the shape; errors are never taken by the fast path
+    '{"t":"c","op":"all_reduce","g":"7","s":%d,"ts":%d,"d":%d,"site":4,"err":"RuntimeError: boom"}',
+    # a later duplicate key wins in json.loads
+    '{"t":"c","op":"broadcast","g":"0","s":%d,"ts":%d,"d":%d,"site":5,"root":0,"op":"gather"}',
+    # wrong types make the line corrupt
+    '{"t":"c","op":"all_reduce","g":0,"s":%d,"ts":%d,"d":%d,"site":1}',
+    '{"t":"c","op":"all_reduce","g":"0","s":%d,"ts":%d,"d":%d,"site":"x"}',
+]
+
+
+def _line(template: str, i: int) -> str:
+    n = template.count("%d")
+    return template % tuple([i + 1, 1000 * i + 7, 3 + i % 5, i // 2][:n])
+
+
+@pytest.mark.parametrize("template", TRICKY)
+def test_tricky_lines_read_the_same(tmp_path, template):
+    path = tmp_path / "rank00000-h-1-a0.jsonl"
+    lines = [json.dumps(HEADER)] + [_line(template, i) for i in range(40)]
+    path.write_text("\n".join(lines) + "\n")
+    slow, fast = _both(path)
+    assert slow == fast
+
+
+def test_mixed_and_damaged_file_reads_the_same(tmp_path):
+    path = tmp_path / "rank00000-h-1-a0.jsonl"
+    lines = [json.dumps(HEADER)]
+    for i in range(600):  # past two digest blocks, every kind interleaved
+        lines.append(_line(TRICKY[i % len(TRICKY)], i))
+        if i % 50 == 0:
+            lines.append('{"t":"c","op":"all_reduce","g":"0","s":012,"ts":1,"d":1,"site":1}')  # not JSON
+            lines.append(f'{{"t":"file","op":"w","path":"/x","pos":{{"0":{i}}},"ts":{i},"site":1}}')
+            lines.append(f'{{"t":"p","op":"send","g":"0","ch":"0>1","s":{i},"x":["float32[2]"],"n":2,'
+                         f'"ts":{i},"d":1,"site":1}}')
+    lines.append('{"t":"c","op":"all_reduce","g":"0","s":9999,"ts":1')  # truncated: no newline
+    path.write_text("\n".join(lines))
+    slow, fast = _both(path)
+    assert slow == fast
+    assert slow["truncated"] and slow["bad_lines"] > 0
