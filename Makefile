@@ -9,7 +9,6 @@ TORCH_PIN ?= torch==2.13.0
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 	$(PY) -m pip install -q "$(TORCH_PIN)" numpy
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
@@ -18,7 +17,7 @@ setup: $(VENV)/.installed
 
 demo: setup
 	$(VENV)/bin/ddpdoctor trace --hang-timeout 8 --on-hang kill -- \
-		$(VENV)/bin/torchrun --nproc_per_node=2 --master_port=29533 examples/train_buggy.py; \
+		$(VENV)/bin/torchrun --standalone --nproc_per_node=2 examples/train_buggy.py; \
 		status=$$?; echo "(ddpdoctor trace exited $$status: 124 = job ended after the diagnosed hang)"
 
 # Headless Chromium renders the HTML report in tests/test_html_report.py (Debian's package).

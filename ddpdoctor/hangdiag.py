@@ -232,8 +232,10 @@ def render(diag: dict, statuses: dict[int, dict] | None = None) -> str:
              BACKEND: "SLOW COLLECTIVE (every rank is inside it)",
              STALL: "STALL (possible hang)"}[diag["verdict"]]
     op = diag.get("op") or "?"
+    # When the ranks disagree on the op, the reporter's op is only one side of the story.
+    what = "" if diag["verdict"] == DIVERGED else f" ({op})"
     lines = [f"ddpdoctor: {title} after {diag.get('waited_s', 0):.0f} s in process group "
-             f"{diag.get('group')}, collective #{diag.get('seq')} ({op})"]
+             f"{diag.get('group')}, collective #{diag.get('seq')}{what}"]
     table = tabulate(diag["rows"], headers=["rank", "state", "op / where", "call site"], tablefmt="simple")
     lines.extend(" " + t for t in table.splitlines())
     if diag.get("culprit"):
