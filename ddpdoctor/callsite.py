@@ -27,6 +27,9 @@ _STDLIB = tuple({os.path.dirname(os.__file__) + os.sep, sysconfig.get_paths()["s
 _CALL_MACHINERY = frozenset({"_wrapped_call_impl", "_call_impl", "inner", "_fn", "decorate_context"})
 #: How many user frames are kept per site (innermost first when walking).
 STACK_DEPTH = 6
+#: An object's identity without id(), which raises an audit event (a Python call into every
+#: audit hook, ours included) on each use: the default hash is derived from the address alone.
+_identity = object.__hash__
 
 
 def add_skip_prefix(path: str) -> None:
@@ -52,9 +55,49 @@ class SiteTable:
         self._ids: dict[tuple, int] = {}
         self._lock = threading.Lock()
         self.records: dict[int, dict] = {}
+        # Hot path, keyed by object identity: hashing a code object hashes its constants (for
+        # a module, every nested function's code) and f_lineno decodes the line table, each
+        # call. _codes holds every code object seen, so no identity in these keys is reused.
+        self._codes: dict[int, object] = {}  # identity -> code
+        self._lib: dict[int, bool] = {}  # identity of a code -> is a library frame
+        self._fast: dict[tuple, int] = {}  # (identity of code, f_lasti, ...) of user frames -> id
 
     def current(self, skip: int = 2) -> int:
         """Id of the call site of the caller's caller (frames of libraries skipped)."""
+        try:
+            f: FrameType | None = sys._getframe(skip)
+        except ValueError:
+            return -1
+        lib = self._lib
+        key: list = []
+        n = 0
+        while f is not None and n < STACK_DEPTH:
+            code = f.f_code
+            cid = _identity(code)
+            is_lib = lib.get(cid)
+            if is_lib is None:
+                is_lib = self._classify(code, cid)
+            if not is_lib:
+                key += (cid, f.f_lasti)  # an instruction maps to one line: the same site
+                n += 1
+            f = f.f_back
+        tkey = tuple(key)
+        sid = self._fast.get(tkey)
+        if sid is None:
+            sid = self._fast[tkey] = self._walk(skip + 1)
+        return sid
+
+    def _classify(self, code, cid: int) -> bool:
+        if len(self._codes) >= 100000:  # bounded; clearing all three keeps every key valid
+            self._fast.clear()
+            self._lib.clear()
+            self._codes.clear()
+        self._codes[cid] = code
+        is_lib = self._lib[cid] = _is_library(code.co_filename)
+        return is_lib
+
+    def _walk(self, skip: int) -> int:
+        """``current`` by source line: interns the stack on first sight."""
         try:
             f: FrameType | None = sys._getframe(skip)
         except ValueError:

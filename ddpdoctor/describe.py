@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-_tensor_cache: dict[tuple, str] = {}
+_tensor_cache: dict[tuple, tuple[str, int]] = {}  # (shape, dtype, device) -> (desc, numel)
 _redop_cache: dict[object, str] = {}
 MAX_LISTED = 16
 
@@ -13,22 +13,21 @@ MAX_LISTED = 16
 def tensor_desc(t) -> tuple[str, int]:
     """(encoded JSON string, numel) of one tensor; non-tensors get their type name."""
     try:
-        shape = tuple(t.shape)
-        dtype = t.dtype
-        dev = t.device
+        key = (t.shape, t.dtype, t.device)  # torch.Size hashes as its tuple: no conversion
     except AttributeError:
         return json.dumps(type(t).__name__), 0
-    key = (shape, dtype, dev)
-    s = _tensor_cache.get(key)
-    if s is None:
-        dt = str(dtype).replace("torch.", "")
-        where = "" if dev.type == "cpu" else f"@{dev}"
-        s = json.dumps(f"{dt}[{','.join(map(str, shape))}]{where}")
-        if len(_tensor_cache) < 100000:
-            _tensor_cache[key] = s
+    hit = _tensor_cache.get(key)
+    if hit is not None:
+        return hit
+    shape, dtype, dev = tuple(key[0]), key[1], key[2]
+    dt = str(dtype).replace("torch.", "")
+    where = "" if dev.type == "cpu" else f"@{dev}"
+    s = json.dumps(f"{dt}[{','.join(map(str, shape))}]{where}")
     n = 1
     for d in shape:
         n *= d
+    if len(_tensor_cache) < 100000:
+        _tensor_cache[key] = (s, n)
     return s, n
 
 

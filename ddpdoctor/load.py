@@ -223,7 +223,8 @@ def read_rank(path: str) -> RankTrace:
             if fast_match is not None and raw.startswith(b'{"t":"c",'):
                 m = fast_match(raw)
                 if m is not None:
-                    key = m.group(1, 3, 6, 8) + (m.start(7),)
+                    g1, g3, ts_b, d_b, g6, g8 = m.group(1, 3, 4, 5, 6, 8)
+                    key = (g1, g3, g6, g8, m.start(7))
                     sh = shapes.get(key)
                     if sh is not None:  # what the "c" branch below does, from the shape
                         rt.events += 1
@@ -242,7 +243,7 @@ def read_rank(path: str) -> RankTrace:
                             rt.ddp_sites[sh.op] = sh.opsite[1]
                             if sh.train_fwd:
                                 rt.ddp_train_fwd += 1
-                        d = int(m.group(5))
+                        d = int(d_b)
                         sh.n += 1
                         sh.total += d
                         if d > sh.longest:
@@ -252,7 +253,7 @@ def read_rank(path: str) -> RankTrace:
                             k = (prev[1], sh.op)
                             rt.after_barrier[k] = rt.after_barrier.get(k, 0) + 1
                         last_op[sh.g] = sh.opsite
-                        end = int(m.group(4)) + d
+                        end = int(ts_b) + d
                         if end > rt.last_ts:
                             rt.last_ts = end
                         continue

@@ -159,6 +159,13 @@ def _make_collective(op: str, orig, spec):
     from torch.distributed import distributed_c10d as c10d
 
     non_member = c10d.GroupMember.NON_GROUP_MEMBER
+    # The hot path reads its arguments by position, without a call per argument.
+    gpos = params.index("group") if "group" in params else len(params) + 99
+    gdef = defaults.get("group")
+    one = primary[0] if len(primary) == 1 else None
+    xpos = params.index(one) if one in params else len(params) + 99
+    opos = params.index("op") if "op" in params else len(params) + 99
+    odef = defaults.get("op")
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
@@ -169,22 +176,31 @@ def _make_collective(op: str, orig, spec):
         if getattr(local, "depth", 0):
             return orig(*args, **kwargs)
         try:
-            group = get("group", args, kwargs) if has_group else None
+            nargs = len(args)
+            group = (args[gpos] if gpos < nargs else kwargs.get("group", gdef)) if has_group else None
             if group is non_member:
                 return orig(*args, **kwargs)
-            gname = rec.group_name(group)
+            gname = "0" if group is None else rec.group_name(group)
             seq = rec.next_seq(gname)
             parts = [f'"op":"{op}","g":"{gname}","s":{seq}']
-            n = 0
-            if primary:
+            if one is not None:
+                v = args[xpos] if xpos < nargs else kwargs.get(one, defaults.get(one))
+                if v is None or isinstance(v, (list, tuple)):
+                    xs, n = describe.tensors_desc(v)
+                    parts.append(f'"x":[{",".join(xs)}],"n":{n}')
+                else:
+                    d, n = describe.tensor_desc(v)
+                    parts.append(f'"x":[{d}],"n":{n}')
+            elif primary:
                 xs: list[str] = []
+                n = 0
                 for p in primary:
                     d, k = describe.tensors_desc(get(p, args, kwargs))
                     xs.extend(d)
                     n += k
                 parts.append(f'"x":[{",".join(xs)}],"n":{n}')
             if has_op:
-                parts.append(f'"rop":"{describe.redop_name(get("op", args, kwargs))}"')
+                parts.append(f'"rop":"{describe.redop_name(args[opos] if opos < nargs else kwargs.get("op", odef))}"')
             for r in roots:
                 v = get(r, args, kwargs)
                 if v is not None:

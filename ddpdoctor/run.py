@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 
 from .load import RankTrace, TraceError, find_trace_files, read_rank
 
-#: Read rank files in worker processes from this many files on (2 cores here).
+#: Read rank files in worker processes from this many files on (2 cores here), or from this
+#: many bytes of traces (a few long files: the pool costs ~0.1 s, reading 16 MB ~0.4 s a core).
 PARALLEL_FROM = 16
+PARALLEL_BYTES = 16 << 20
 
 
 @dataclass
@@ -63,8 +65,19 @@ def _header_ok(rt: RankTrace, notes: list[str]) -> bool:
     return ok
 
 
+def _total_bytes(files: list[str]) -> int:
+    n = 0
+    for f in files:
+        try:
+            n += os.path.getsize(f)
+        except OSError:
+            pass
+    return n
+
+
 def _read_all(files: list[str], jobs: int | None) -> list[RankTrace]:
-    if len(files) >= PARALLEL_FROM and (jobs or os.cpu_count() or 1) > 1:
+    if (jobs or os.cpu_count() or 1) > 1 and len(files) > 1 and (
+            len(files) >= PARALLEL_FROM or _total_bytes(files) >= PARALLEL_BYTES):
         with ProcessPoolExecutor(max_workers=jobs or min(os.cpu_count() or 1, 8)) as pool:
             return list(pool.map(read_rank, files, chunksize=max(1, len(files) // 32)))
     return [read_rank(f) for f in files]
