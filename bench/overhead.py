@@ -54,13 +54,17 @@ def _crash(rc: int | None, err: str) -> str:
         return "timed out"
     sig = re.search(r"Signal (\d+) \((SIG\w+)\)", err)
     what = sig.group(2) if sig else f"exit status {rc}"
-    fatal = re.search(r"Fatal Python error: ([^\n]+)\n(?:.*\n)*?\s+File \"([^\"]+)\", line (\d+) in (\S+)", err)
+    fatal = re.search(r"Fatal Python error: ([^\n]+)", err)
+    frame = re.compile(r'File "([^"]+)", line (\d+) in (\S+)').search(err, fatal.end()) if fatal else None
     if fatal:
-        path = fatal.group(2)
-        short = path.split("site-packages/")[-1]
-        what += f" ({fatal.group(1).strip()}) in {fatal.group(4)} at {short}:{fatal.group(3)}"
+        what += f" ({fatal.group(1).strip()})"
+        if frame:
+            what += f" in {frame.group(3)} at {frame.group(1).split('site-packages/')[-1]}:{frame.group(2)}"
     else:
-        last = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("W1", "I1"))]
+        last = [ln for ln in err.splitlines() if ln.strip(" =-") and not ln.startswith(("W1", "I1", "E1"))
+                and "torch/distributed/elastic" not in ln and not ln.strip().startswith(("[", "time", "host",
+                                                                                        "rank", "exitcode",
+                                                                                        "error_file", "traceback"))]
         if last:
             what += f": {last[-1].strip()[:160]}"
     return what
