@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     rows.sort(key=lambda x: x.figure)
     cores = mach["cores"] or 1
     doc = {
-        "command": "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": ("python -m bench " + " ".join(argv if argv is not None else sys.argv[1:])).strip(),
         "started": started, "duration_s": round(duration, 1), "quick": args.quick, "machine": mach,
         "loadavg_min": min(loads), "loadavg_max": max(loads),
         # more runnable work than half the cores, outside the benchmark's own processes
