@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 import threading
 import time
 import weakref
@@ -20,6 +21,10 @@ from . import describe
 from . import recorder as recorder_mod
 
 _PATCHED_MARK = "__ddpdoctor_wrapped__"
+_get_ident = threading.get_ident
+_perf_ns = time.perf_counter_ns
+_write = os.write
+_ASYNC = ',"async":1'
 
 # op -> (primary tensor params, other tensor params, root params, object params)
 # "primary" tensors are those every rank passes with the same metadata in a correct program.
@@ -89,13 +94,14 @@ class _Call:
     def run(rec, local, orig, args, kwargs, head: str, gname: str, seq: int, op: str,
             is_async: bool, kind: str = "c", wtag: str = ""):
         site = rec.sites.current(3)
-        tid = threading.get_ident()
-        start = time.perf_counter_ns()
+        tid = _get_ident()
+        start = _perf_ns()
         start_us = (start - rec.t0_ns) // 1000
         rec.inflight[tid] = (op, gname, seq, site, start_us)
+        begin = f'{{"t":"{kind}",{head},"ts":{start_us}'
         slot = rec.slot
         if slot is not None:  # survives the process dying inside the call (see inflightfile)
-            slot.set(f'{{"t":"{kind}",{head},"ts":{start_us},"site":{site}}}')
+            slot.set(f'{begin},"site":{site}}}')
         local.depth = 1
         try:
             result = orig(*args, **kwargs)
@@ -103,15 +109,22 @@ class _Call:
             local.depth = 0
             rec.inflight.pop(tid, None)
             rec.last_failed = (op, gname, seq, start_us)  # a hang that ends in an error is no "resolved"
-            dur = (time.perf_counter_ns() - start) // 1000
+            dur = (_perf_ns() - start) // 1000
             err = json.dumps(f"{type(exc).__name__}: {exc}"[:500])
-            rec.emit_line(f'{{"t":"{kind}",{head},"ts":{start_us},"d":{dur},"site":{site},"err":{err}}}')
+            rec.emit_line(f'{begin},"d":{dur},"site":{site},"err":{err}}}')
             raise
         local.depth = 0
-        rec.inflight.pop(tid, None)
-        dur = (time.perf_counter_ns() - start) // 1000
-        tail = ',"async":1' if is_async else ""
-        rec.emit_line(f'{{"t":"{kind}",{head},"ts":{start_us},"d":{dur},"site":{site}{tail}}}')
+        dur = (_perf_ns() - start) // 1000
+        del rec.inflight[tid]
+        w = rec.writer
+        line = f'{begin},"d":{dur},"site":{site}{_ASYNC if is_async else ""}}}\n'
+        if w is not None and not w.closed:
+            try:  # the writer's write_line, inlined: this is the hot path
+                _write(w.fd, line.encode("utf-8", "backslashreplace"))
+            except OSError as exc:
+                rec.internal_error(exc)
+        else:
+            rec.emit_line(line[:-1])
         rec.events += 1
         rec.last_event = (op, gname, seq, site, start_us + dur)
         if is_async and result is not None:
@@ -166,6 +179,9 @@ def _make_collective(op: str, orig, spec):
     xpos = params.index(one) if one in params else len(params) + 99
     opos = params.index("op") if "op" in params else len(params) + 99
     odef = defaults.get("op")
+    apos = params.index("async_op") if "async_op" in params else len(params) + 99
+    simple = one is not None and not roots and not other and not objs and has_async
+    fast: dict = {}
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
@@ -180,6 +196,35 @@ def _make_collective(op: str, orig, spec):
             group = (args[gpos] if gpos < nargs else kwargs.get("group", gdef)) if has_group else None
             if group is non_member:
                 return orig(*args, **kwargs)
+            if simple:
+                # The common call (one tensor, maybe a reduce op): everything but the sequence
+                # number is cached per (group, shape, dtype, device, op).
+                v = args[xpos] if xpos < nargs else kwargs.get(one, defaults.get(one))
+                rop = (args[opos] if opos < nargs else kwargs.get("op", odef)) if has_op else None
+                try:
+                    key = (group, v.shape, v.dtype, v.device, rop)
+                    ent = fast.get(key)
+                except (AttributeError, TypeError):  # not a tensor, an unhashable reduce op
+                    key = ent = None
+                if ent is None and key is not None and len(fast) < 4096:
+                    gname = "0" if group is None else rec.group_name(group)
+                    d, n = describe.tensor_desc(v)
+                    tail = f',"x":[{d}],"n":{n}'
+                    if has_op:
+                        tail += f',"rop":"{describe.redop_name(rop)}"'
+                    ent = fast[key] = (gname, f'"op":"{op}","g":"{gname}","s":', tail)
+                if ent is not None:
+                    gname = ent[0]
+                    seq = rec.next_seq(gname)
+                    head = f"{ent[1]}{seq}{ent[2]}"
+                    if rec.ddp_refs and op in _REDUCING:
+                        from . import patch_ddp
+
+                        hit = patch_ddp.overlap(rec, [v])
+                        if hit:
+                            head += f',"ddp_overlap":{json.dumps(hit)}'
+                    is_async = bool(args[apos] if apos < nargs else kwargs.get("async_op", False))
+                    return _Call.run(rec, local, orig, args, kwargs, head, gname, seq, op, is_async)
             gname = "0" if group is None else rec.group_name(group)
             seq = rec.next_seq(gname)
             parts = [f'"op":"{op}","g":"{gname}","s":{seq}']

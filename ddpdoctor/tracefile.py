@@ -34,6 +34,7 @@ class TraceWriter:
     def __init__(self, path: str) -> None:
         self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self.fd = self._fd  # for the recorder's inlined hot path
         self._lock = threading.Lock()
         self.closed = False
 
