@@ -25,6 +25,9 @@ _get_ident = threading.get_ident
 _perf_ns = time.perf_counter_ns
 _write = os.write
 _ASYNC = ',"async":1'
+#: Issue synchronous all_reduce calls asynchronously and record while they run (see
+#: _Call.run_overlapped); DDPDOCTOR_OVERLAP=0 turns it off.
+OVERLAP = os.environ.get("DDPDOCTOR_OVERLAP", "1") != "0"
 
 # op -> (primary tensor params, other tensor params, root params, object params)
 # "primary" tensors are those every rank passes with the same metadata in a correct program.
@@ -91,6 +94,59 @@ class _Call:
     __slots__ = ()
 
     @staticmethod
+    def run_overlapped(rec, local, orig, args, kwargs, head: str, gname: str, seq: int, op: str,
+                       apos: int):
+        """A synchronous call issued as ``async_op=True`` and waited for here: the same work,
+        result (None) and exceptions, but the call site and the record are made while the
+        collective is already on its way, off its critical path. torch's own synchronous path
+        is exactly ``work = ...; work.wait()``."""
+        start = _perf_ns()
+        start_us = (start - rec.t0_ns) // 1000
+        local.depth = 1
+        try:
+            work = _issue_async(orig, args, kwargs, apos)
+        except BaseException as exc:  # refused before anything was sent (bad arguments...)
+            local.depth = 0
+            rec.last_failed = (op, gname, seq, start_us)
+            err = json.dumps(f"{type(exc).__name__}: {exc}"[:500])
+            rec.emit_line(f'{{"t":"c",{head},"ts":{start_us},"d":{(_perf_ns() - start) // 1000},'
+                          f'"site":{rec.sites.current(3)},"err":{err}}}')
+            raise
+        site = rec.sites.current(3)
+        tid = _get_ident()
+        rec.inflight[tid] = (op, gname, seq, site, start_us)
+        begin = f'{{"t":"c",{head},"ts":{start_us}'
+        slot = rec.slot
+        if slot is not None:
+            slot.set(f'{begin},"site":{site}}}')
+        try:
+            if work is not None:
+                work.wait()
+        except BaseException as exc:
+            local.depth = 0
+            rec.inflight.pop(tid, None)
+            rec.last_failed = (op, gname, seq, start_us)
+            dur = (_perf_ns() - start) // 1000
+            err = json.dumps(f"{type(exc).__name__}: {exc}"[:500])
+            rec.emit_line(f'{begin},"d":{dur},"site":{site},"err":{err}}}')
+            raise
+        local.depth = 0
+        dur = (_perf_ns() - start) // 1000
+        del rec.inflight[tid]
+        line = f'{begin},"d":{dur},"site":{site}}}\n'
+        w = rec.writer
+        if w is not None and not w.closed:
+            try:
+                _write(w.fd, line.encode("utf-8", "backslashreplace"))
+            except OSError as exc:
+                rec.internal_error(exc)
+        else:
+            rec.emit_line(line[:-1])
+        rec.events += 1
+        rec.last_event = (op, gname, seq, site, start_us + dur)
+        return None
+
+    @staticmethod
     def run(rec, local, orig, args, kwargs, head: str, gname: str, seq: int, op: str,
             is_async: bool, kind: str = "c", wtag: str = ""):
         site = rec.sites.current(3)
@@ -130,6 +186,14 @@ class _Call:
         if is_async and result is not None:
             _track_async(rec, result, op, gname, seq, site, wtag)
         return result
+
+
+def _issue_async(orig, args, kwargs, apos: int):
+    if apos < len(args):
+        a = list(args)
+        a[apos] = True
+        return orig(*a, **kwargs)
+    return orig(*args, **dict(kwargs, async_op=True))
 
 
 def _track_async(rec, result, op, gname, seq, site, wtag: str = "") -> None:
@@ -224,6 +288,9 @@ def _make_collective(op: str, orig, spec):
                         if hit:
                             head += f',"ddp_overlap":{json.dumps(hit)}'
                     is_async = bool(args[apos] if apos < nargs else kwargs.get("async_op", False))
+                    if not is_async and OVERLAP:
+                        return _Call.run_overlapped(rec, local, orig, args, kwargs, head, gname, seq, op,
+                                                    apos)
                     return _Call.run(rec, local, orig, args, kwargs, head, gname, seq, op, is_async)
             gname = "0" if group is None else rec.group_name(group)
             seq = rec.next_seq(gname)
