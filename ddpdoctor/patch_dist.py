@@ -94,46 +94,18 @@ class _Call:
     __slots__ = ()
 
     @staticmethod
-    def run_overlapped(rec, local, orig, args, kwargs, head: str, gname: str, seq: int, op: str,
-                       apos: int):
-        """A synchronous call issued as ``async_op=True`` and waited for here: the same work,
-        result (None) and exceptions, but the call site and the record are made while the
-        collective is already on its way, off its critical path. torch's own synchronous path
-        is exactly ``work = ...; work.wait()``."""
-        start = _perf_ns()
-        start_us = (start - rec.t0_ns) // 1000
-        local.depth = 1
-        try:
-            work = _issue_async(orig, args, kwargs, apos)
-        except BaseException as exc:  # refused before anything was sent (bad arguments...)
-            local.depth = 0
-            rec.last_failed = (op, gname, seq, start_us)
-            err = json.dumps(f"{type(exc).__name__}: {exc}"[:500])
-            rec.emit_line(f'{{"t":"c",{head},"ts":{start_us},"d":{(_perf_ns() - start) // 1000},'
-                          f'"site":{rec.sites.current(3)},"err":{err}}}')
-            raise
-        site = rec.sites.current(3)
-        tid = _get_ident()
-        rec.inflight[tid] = (op, gname, seq, site, start_us)
-        begin = f'{{"t":"c",{head},"ts":{start_us}'
-        slot = rec.slot
-        if slot is not None:
-            slot.set(f'{begin},"site":{site}}}')
-        try:
-            if work is not None:
-                work.wait()
-        except BaseException as exc:
-            local.depth = 0
-            rec.inflight.pop(tid, None)
-            rec.last_failed = (op, gname, seq, start_us)
-            dur = (_perf_ns() - start) // 1000
-            err = json.dumps(f"{type(exc).__name__}: {exc}"[:500])
-            rec.emit_line(f'{begin},"d":{dur},"site":{site},"err":{err}}}')
-            raise
-        local.depth = 0
+    def failed(rec, exc: BaseException, begin: str, site, start: int, key: tuple) -> None:
+        """Record a call that raised (the exception itself propagates unchanged)."""
+        rec.last_failed = key  # a hang that ends in an error is no "resolved"
+        err = json.dumps(f"{type(exc).__name__}: {exc}"[:500])
+        rec.emit_line(f'{begin},"d":{(_perf_ns() - start) // 1000},"site":{site},"err":{err}}}')
+
+    @staticmethod
+    def done(rec, begin: str, site, start: int, start_us: int, op: str, gname: str, seq: int,
+             tail: str = "") -> None:
+        """Record a call that returned: one line, one ``os.write`` (inlined: the hot path)."""
         dur = (_perf_ns() - start) // 1000
-        del rec.inflight[tid]
-        line = f'{begin},"d":{dur},"site":{site}}}\n'
+        line = f'{begin},"d":{dur},"site":{site}{tail}}}\n'
         w = rec.writer
         if w is not None and not w.closed:
             try:
@@ -144,45 +116,67 @@ class _Call:
             rec.emit_line(line[:-1])
         rec.events += 1
         rec.last_event = (op, gname, seq, site, start_us + dur)
+
+    @staticmethod
+    def begin(rec, kind: str, head: str, op: str, gname: str, seq: int, site, start_us: int) -> str:
+        """Mark the call in flight (watchdog, in-flight file); returns the record's first half."""
+        rec.inflight[_get_ident()] = (op, gname, seq, site, start_us)
+        begin = f'{{"t":"{kind}",{head},"ts":{start_us}'
+        slot = rec.slot
+        if slot is not None:  # survives the process dying inside the call (see inflightfile)
+            slot.set(f'{begin},"site":{site}}}')
+        return begin
+
+    @staticmethod
+    def run_overlapped(rec, local, orig, args, kwargs, head: str, gname: str, seq: int, op: str,
+                       apos: int):
+        """A synchronous call issued as ``async_op=True`` and waited for here: the same work,
+        result (None) and exceptions, but the call site and the record are made while the
+        collective is already on its way, off its critical path. torch's own synchronous path
+        is exactly ``work = ...; work.wait()``."""
+        start = _perf_ns()
+        start_us = (start - rec.t0_ns) // 1000
+        key = (op, gname, seq, start_us)
+        local.depth = 1
+        try:
+            work = _issue_async(orig, args, kwargs, apos)
+        except BaseException as exc:  # refused before anything was sent (bad arguments...)
+            local.depth = 0
+            _Call.failed(rec, exc, f'{{"t":"c",{head},"ts":{start_us}', rec.sites.current(3), start, key)
+            raise
+        site = rec.sites.current(3)
+        begin = _Call.begin(rec, "c", head, op, gname, seq, site, start_us)
+        try:
+            if work is not None:
+                work.wait()
+        except BaseException as exc:
+            local.depth = 0
+            rec.inflight.pop(_get_ident(), None)
+            _Call.failed(rec, exc, begin, site, start, key)
+            raise
+        local.depth = 0
+        del rec.inflight[_get_ident()]
+        _Call.done(rec, begin, site, start, start_us, op, gname, seq)
         return None
 
     @staticmethod
     def run(rec, local, orig, args, kwargs, head: str, gname: str, seq: int, op: str,
             is_async: bool, kind: str = "c", wtag: str = ""):
         site = rec.sites.current(3)
-        tid = _get_ident()
         start = _perf_ns()
         start_us = (start - rec.t0_ns) // 1000
-        rec.inflight[tid] = (op, gname, seq, site, start_us)
-        begin = f'{{"t":"{kind}",{head},"ts":{start_us}'
-        slot = rec.slot
-        if slot is not None:  # survives the process dying inside the call (see inflightfile)
-            slot.set(f'{begin},"site":{site}}}')
+        begin = _Call.begin(rec, kind, head, op, gname, seq, site, start_us)
         local.depth = 1
         try:
             result = orig(*args, **kwargs)
         except BaseException as exc:
             local.depth = 0
-            rec.inflight.pop(tid, None)
-            rec.last_failed = (op, gname, seq, start_us)  # a hang that ends in an error is no "resolved"
-            dur = (_perf_ns() - start) // 1000
-            err = json.dumps(f"{type(exc).__name__}: {exc}"[:500])
-            rec.emit_line(f'{begin},"d":{dur},"site":{site},"err":{err}}}')
+            rec.inflight.pop(_get_ident(), None)
+            _Call.failed(rec, exc, begin, site, start, (op, gname, seq, start_us))
             raise
         local.depth = 0
-        dur = (_perf_ns() - start) // 1000
-        del rec.inflight[tid]
-        w = rec.writer
-        line = f'{begin},"d":{dur},"site":{site}{_ASYNC if is_async else ""}}}\n'
-        if w is not None and not w.closed:
-            try:  # the writer's write_line, inlined: this is the hot path
-                _write(w.fd, line.encode("utf-8", "backslashreplace"))
-            except OSError as exc:
-                rec.internal_error(exc)
-        else:
-            rec.emit_line(line[:-1])
-        rec.events += 1
-        rec.last_event = (op, gname, seq, site, start_us + dur)
+        del rec.inflight[_get_ident()]
+        _Call.done(rec, begin, site, start, start_us, op, gname, seq, _ASYNC if is_async else "")
         if is_async and result is not None:
             _track_async(rec, result, op, gname, seq, site, wtag)
         return result
