@@ -22,12 +22,7 @@ def _fail(msg: str) -> None:
     sys.exit(EXIT_USAGE)
 
 
-class _Group(click.Group):
-    def main(self, *args, **kwargs):  # usage errors exit 2 (click's default too), stay one line
-        return super().main(*args, **kwargs)
-
-
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ddpdoctor")
 def main() -> None:
     """Diagnose distributed PyTorch jobs: trace every rank, find divergence, explain hangs."""

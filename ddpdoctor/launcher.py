@@ -11,7 +11,6 @@ import datetime as _dt
 import os
 import signal
 import subprocess
-import sys
 import uuid
 
 from . import settings
@@ -118,6 +117,3 @@ def run(command: list[str], out: str, hang_timeout: float | None, on_hang: str,
 class LaunchError(Exception):
     pass
 
-
-def main_module_argv() -> list[str]:
-    return [sys.executable, "-m", "ddpdoctor"]

@@ -166,6 +166,3 @@ def _make_group_maker(name, orig, rec_get, mark):
     setattr(maker, mark, True)
     return maker
 
-
-def is_rank_process() -> bool:
-    return "RANK" in os.environ

@@ -196,8 +196,7 @@ def patch() -> None:
             grad = torch.is_grad_enabled()
             sync_bufs = bool(self._check_sync_bufs_pre_fwd())
             rebuilt_before = getattr(self, "_has_rebuilt_buckets", True)
-            joined = False
-            comm = (sync_bufs or (grad and not rebuilt_before and info["bwd"] > 0)) and not joined
+            comm = sync_bufs or (grad and not rebuilt_before and info["bwd"] > 0)
             gname = info["g"]
             site = rec.sites.current(2)
             seq = rec.next_seq(gname) if comm else 0
@@ -223,11 +222,10 @@ def patch() -> None:
         try:
             info["fwd"] += 1
             rebuilt = rebuilt_before is False and getattr(self, "_has_rebuilt_buckets", False) is True
-            if rebuilt and not comm and not joined:  # it did communicate after all
+            if rebuilt and not comm:  # it did communicate after all
                 comm, seq = True, rec.next_seq(gname)
             extra = ',"bufs":1' if sync_bufs else ""
             extra += ',"grad":1' if grad else ""
-            extra += ',"join":1' if joined else ""
             kind = "c" if comm else "e"
             rec.emit_line(f'{{"t":"{kind}","op":"ddp_forward","g":"{gname}","s":{seq},"ts":{start},'
                           f'"d":{rec.now_us() - start},"site":{site},"step":{info["fwd"]}{extra}}}')
@@ -235,7 +233,7 @@ def patch() -> None:
             if grad and self.require_backward_grad_sync:
                 t = _first_grad_tensor(out)
                 if t is not None:
-                    t.register_hook(_BackwardHook(rec, self, info, gname, site, joined))
+                    t.register_hook(_BackwardHook(rec, self, info, gname, site))
         except Exception as exc:
             rec.internal_error(exc)
         return out
@@ -251,12 +249,11 @@ class _BackwardHook:
     """Marks the start of DDP's gradient all-reduce (backward reaches the output) and, through an
     autograd-engine callback, its end."""
 
-    __slots__ = ("rec", "ddp", "info", "g", "site", "fired", "joined")
+    __slots__ = ("rec", "ddp", "info", "g", "site", "fired")
 
-    def __init__(self, rec, ddp, info, gname, site, joined) -> None:
+    def __init__(self, rec, ddp, info, gname, site) -> None:
         self.rec, self.ddp, self.info, self.g, self.site = rec, weakref.ref(ddp), info, gname, site
         self.fired = False
-        self.joined = joined
 
     def __call__(self, grad):
         if self.fired:
@@ -267,12 +264,11 @@ class _BackwardHook:
             import torch
 
             self.info["bwd"] += 1
-            seq = 0 if self.joined else rec.next_seq(self.g)
+            seq = rec.next_seq(self.g)
             start = rec.now_us()
             key = ("ddp_bwd", threading.get_ident())
             rec.inflight[key] = ("ddp_backward", self.g, seq, self.site, start)
             step = self.info["bwd"]
-            kind = "e" if self.joined else "c"
 
             engine = torch.autograd.Variable._execution_engine
 
@@ -280,7 +276,7 @@ class _BackwardHook:
                 rec.inflight.pop(key, None)
                 # gradients exist now (the first backward creates them): rebuild the overlap map
                 rec.__dict__.setdefault("_ddp_ptrs", {"dirty": True, "map": {}})["dirty"] = True
-                rec.emit_line(f'{{"t":"{kind}","op":"ddp_backward","g":"{self.g}","s":{seq},'
+                rec.emit_line(f'{{"t":"c","op":"ddp_backward","g":"{self.g}","s":{seq},'
                               f'"ts":{start},"d":{rec.now_us() - start},"site":{self.site},'
                               f'"step":{step}}}')
 

@@ -34,7 +34,7 @@ def main() -> None:
     model = DDP(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
-    for epoch in range(2):
+    for epoch in range(2):  # noqa: B007 - unused: that is bug 2
         # Bug 2: no sampler.set_epoch(epoch): every epoch sees the same order.
         for x, y in loader:
             opt.zero_grad()
