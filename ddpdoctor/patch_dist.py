@@ -24,6 +24,13 @@ _PATCHED_MARK = "__ddpdoctor_wrapped__"
 _get_ident = threading.get_ident
 _perf_ns = time.perf_counter_ns
 _write = os.write
+
+
+try:  # whether torch.compile is tracing: a Python side effect there would break its graph
+    from torch.compiler import is_compiling as _compiling
+except ImportError:  # torch older than 2.3
+    def _compiling() -> bool:
+        return False
 _ASYNC = ',"async":1'
 #: Issue synchronous all_reduce calls asynchronously and record while they run (see
 #: _Call.run_overlapped); DDPDOCTOR_OVERLAP=0 turns it off.
@@ -244,7 +251,7 @@ def _make_collective(op: str, orig, spec):
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
         rec = rec_get()
-        if rec is None or not rec.enabled:
+        if rec is None or not rec.enabled or _compiling():  # torch.compile traces: step aside
             return orig(*args, **kwargs)
         local = rec.local
         if getattr(local, "depth", 0):
@@ -349,7 +356,7 @@ def _make_p2p(op: str, orig, spec):
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
         rec = rec_get()
-        if rec is None or not rec.enabled:
+        if rec is None or not rec.enabled or _compiling():  # torch.compile traces: step aside
             return orig(*args, **kwargs)
         local = rec.local
         if getattr(local, "depth", 0):
@@ -397,7 +404,7 @@ def _make_batch(orig):
     @functools.wraps(orig)
     def wrapper(p2p_op_list, *args, **kwargs):
         rec = rec_get()
-        if rec is None or not rec.enabled or getattr(rec.local, "depth", 0):
+        if rec is None or not rec.enabled or getattr(rec.local, "depth", 0) or _compiling():
             return orig(p2p_op_list, *args, **kwargs)
         site, tags = -1, []
         try:
