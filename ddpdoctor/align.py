@@ -133,7 +133,14 @@ def _pending_tail_mismatch(run: Run, members: list[int], group: str, until_seq: 
     event less than the others: compare its in-flight call with theirs at that position."""
     counts = {r: (run.ranks[r].groups[group].count if group in run.ranks[r].groups else 0) for r in members}
     top = max(counts.values(), default=0)
-    if top == 0 or (until_seq is not None and top >= until_seq):
+    if until_seq is not None and top >= until_seq:
+        return None
+    # Every rank died inside the same call (one aborted, the launcher ended the others).
+    if all(c == top for c in counts.values()):
+        at0 = {r: _pending_event(run.ranks[r], group, top + 1) for r in members}
+        if all(e is not None for e in at0.values()) and len({e.get("op") for e in at0.values()}) == 1 \
+                and len({signature(e) for e in at0.values()}) > 1:
+            return Point(group, top + 1, at0)
         return None
     at: dict[int, dict | None] = {}
     for r in members:
@@ -157,4 +164,6 @@ def all_groups(run: Run) -> list[str]:
     names: set[str] = set()
     for rt in run.ranks.values():
         names.update(rt.groups)
+        # a group whose only call never completed (the rank died inside it)
+        names.update(str(r.get("g", "0")) for r in rt.rare if r.get("t") == "pending")
     return sorted(names, key=lambda g: (g != "0", len(g), g))

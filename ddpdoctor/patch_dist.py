@@ -144,6 +144,9 @@ class _Call:
         start = _perf_ns()
         start_us = (start - rec.t0_ns) // 1000
         key = (op, gname, seq, start_us)
+        slot = rec.slot
+        if slot is not None:  # before the call: gloo can abort the process right after issue
+            slot.set(f'{{"t":"c",{head},"ts":{start_us},"site":-1}}')
         local.depth = 1
         try:
             work = _issue_async(orig, args, kwargs, apos)

@@ -123,3 +123,16 @@ def test_divergent_example_blames_the_rank_that_left_the_loop(tmp_path):
     assert f["ranks"] == [0]
     assert {"condition", "exit", "loop"} <= {loc["role"] for loc in f["locations"]}
     assert "it left the loop at bad.py:20" in res.stderr  # the live diagnosis says it too
+
+
+def test_mismatch_when_every_rank_died_inside_the_call(tmp_path):
+    """gloo aborts one rank inside a mismatched all_reduce and the launcher ends the other: no
+    rank completed it; the calls come from the in-flight records (as `pending`)."""
+    def pending(x):
+        return {"t": "pending", "op": "all_reduce", "g": "0", "s": 1, "x": [x], "rop": "SUM",
+                "site": ("bad.py", 22), "src": "inflight"}
+
+    folder = write_traces(tmp_path, {0: [pending("float32[1000]")], 1: [pending("float32[999]")]})
+    findings = run_check(CollectiveMismatch, folder)
+    assert len(findings) == 1 and findings[0].data["seq"] == 1
+    assert "float32[1000]" in findings[0].message and "float32[999]" in findings[0].message

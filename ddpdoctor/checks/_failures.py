@@ -196,6 +196,8 @@ def endings(ctx: Context) -> dict[int, Ending]:
         else:
             how = str(ex.get("how", "other"))
             e.t_end = abs_time(ctx, r, ex.get("ts"))
+            if how == "crash":  # a fatal error in native code (faulthandler's dump): a root cause
+                how = "exception"
             if how == "exception":
                 e.exc = str(ex.get("exc", ""))
                 e.file, e.func = str(ex.get("file", "?")), str(ex.get("func", ""))
