@@ -19,6 +19,8 @@ import tempfile
 import threading
 import time
 
+from ddpdoctor.load import iter_records
+
 from .common import BENCH, PY, ROOT, Row, kill_group, loadavg, median, plain_env, torchrun
 
 SLACK_S = 3.0  # target: diagnosis within hang timeout + this
@@ -30,29 +32,22 @@ def hang_start(trace_dir: str) -> tuple[float | None, dict]:
     entries: dict[int, tuple[int, float]] = {}
     for path in glob.glob(os.path.join(trace_dir, "rank*.jsonl")):
         wall0, rank, best = None, None, None
-        with open(path, "rb") as f:
-            for raw in f:
-                if not raw.endswith(b"\n"):
-                    break
-                try:
-                    rec = json.loads(raw)
-                except ValueError:
-                    continue
-                t = rec.get("t")
-                cands = []
-                if t == "header":
-                    wall0, rank = float(rec["wall0"]), int(rec["rank"])
-                elif t == "pending" and rec.get("g") == "0":
-                    cands.append((rec["s"], rec["ts"]))
-                elif t == "exit":
-                    cands += [(i[2], i[4]) for i in rec.get("inflight") or [] if len(i) >= 5 and i[1] == "0"]
-                elif t == "hang" and rec.get("role") in ("member", "reporter"):
-                    st = rec.get("status") or {}
-                    if st.get("state") == "collective" and st.get("g") == "0":
-                        cands.append((st["s"], rec["ts"] - int(float(st.get("since_s", 0)) * 1e6)))
-                for s, ts in cands:
-                    if best is None or s > best[0] or (s == best[0] and ts < best[1]):
-                        best = (s, ts)
+        for rec in iter_records(path):
+            t = rec.get("t")
+            cands = []
+            if t == "header":
+                wall0, rank = float(rec["wall0"]), int(rec["rank"])
+            elif t == "pending" and rec.get("g") == "0":
+                cands.append((rec["s"], rec["ts"]))
+            elif t == "exit":
+                cands += [(i[2], i[4]) for i in rec.get("inflight") or [] if len(i) >= 5 and i[1] == "0"]
+            elif t == "hang" and rec.get("role") in ("member", "reporter"):
+                st = rec.get("status") or {}
+                if st.get("state") == "collective" and st.get("g") == "0":
+                    cands.append((st["s"], rec["ts"] - int(float(st.get("since_s", 0)) * 1e6)))
+            for s, ts in cands:
+                if best is None or s > best[0] or (s == best[0] and ts < best[1]):
+                    best = (s, ts)
         if wall0 is not None and best is not None:
             entries[rank] = (best[0], wall0 + best[1] / 1e6)
     if not entries:

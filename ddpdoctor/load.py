@@ -393,25 +393,38 @@ def read_rank(path: str) -> RankTrace:
     return rt
 
 
+def iter_records(path: str, offset: int = 0, contains: bytes | None = None):
+    """The records of one trace file from a byte offset, as dicts: corrupt lines are skipped,
+    reading stops at a truncated last line (a rank killed mid-write), an unreadable file yields
+    nothing. ``contains``: only lines holding these bytes are decoded (a cheap pre-filter)."""
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return
+    with f:
+        if offset:
+            f.seek(offset)
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                return
+            if contains is not None and contains not in raw:
+                continue
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                yield rec
+
+
 def read_group_events(path: str, group: str, offset: int, limit: int) -> list[dict]:
     """Re-read up to ``limit`` sequence events of one group from a byte offset."""
     out: list[dict] = []
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            for raw in f:
-                if not raw.endswith(b"\n"):
-                    break
-                try:
-                    rec = json.loads(raw)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict) and rec.get("t") == "c" and rec.get("g", "0") == group:
-                    out.append(rec)
-                    if len(out) >= limit:
-                        break
-    except OSError:
-        pass
+    for rec in iter_records(path, offset):
+        if rec.get("t") == "c" and rec.get("g", "0") == group:
+            out.append(rec)
+            if len(out) >= limit:
+                break
     return out
 
 

@@ -8,9 +8,9 @@ first message where they part.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 
+from ..load import iter_records
 from . import _failures
 from ._failures import fmt
 from .base import Check, Context
@@ -27,23 +27,12 @@ def _parse(key: str) -> tuple[str, str, str] | None:
 def _read_channels(path: str, keys: set[str], limit: int = 200000) -> dict[str, list[dict]]:
     """The p2p records of the given channels in one rank's file (one pass)."""
     out: dict[str, list[dict]] = {k: [] for k in keys}
-    try:
-        with open(path, "rb") as f:
-            for raw in f:
-                if b'"p"' not in raw or not raw.endswith(b"\n"):
-                    continue  # cheap pre-filter: only p records are parsed
-                try:
-                    rec = json.loads(raw)
-                except ValueError:
-                    continue
-                if not isinstance(rec, dict) or rec.get("t") != "p":
-                    continue
-                k = f'{rec.get("g", "0")}:{rec.get("ch", "?")}'
-                lst = out.get(k)
-                if lst is not None and len(lst) < limit:
-                    lst.append(rec)
-    except OSError:
-        pass
+    for rec in iter_records(path, contains=b'"p"'):  # cheap pre-filter: only p lines are parsed
+        if rec.get("t") != "p":
+            continue
+        lst = out.get(f'{rec.get("g", "0")}:{rec.get("ch", "?")}')
+        if lst is not None and len(lst) < limit:
+            lst.append(rec)
     return out
 
 
