@@ -46,7 +46,7 @@ class Recorder:
         self._pending: list[str] = []  # records made before the process group existed
         self.t0_ns = time.perf_counter_ns()
         self.wall0 = time.time()
-        self.sites = SiteTable(self._emit_dict)
+        self.sites = SiteTable(self.emit)
         self.seq: dict[str, int] = {}  # group name -> number of sequence events issued
         self.p2p: dict[str, int] = {}  # channel "src>dst@group" -> number of messages
         self.group_names: dict[int, str] = {}  # id(ProcessGroup) -> name
@@ -67,9 +67,6 @@ class Recorder:
         return (time.perf_counter_ns() - self.t0_ns) // 1000
 
     # -- output -------------------------------------------------------------------------------
-    def _emit_dict(self, record: dict) -> None:
-        self.emit_line(dumps(record))
-
     def emit(self, record: dict) -> None:
         self.emit_line(dumps(record))
 

@@ -42,19 +42,9 @@ def trace(command: list[str], out: str | os.PathLike, *options: str, timeout: fl
 
 def kill_tree(pid: int) -> None:
     """Kill a process and every descendant (torchrun workers live in their own sessions)."""
-    import psutil
+    from ddpdoctor.launcher import kill_tree as kill
 
-    try:
-        parent = psutil.Process(pid)
-        procs = parent.children(recursive=True) + [parent]
-    except psutil.Error:
-        return
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=10)
+    kill(pid, grace=1.0)
 
 
 def run_bounded(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
