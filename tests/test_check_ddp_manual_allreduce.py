@@ -10,7 +10,7 @@ import weakref
 
 import pytest
 import torch
-from conftest import ROOT, findings_json, torchrun, trace
+from conftest import ROOT, example_reports
 from tracekit import coll, run_check, write_traces
 
 from ddpdoctor.checks.ddp_manual_allreduce import DdpManualAllreduce
@@ -110,13 +110,7 @@ EXAMPLES = ROOT / "checks" / "ddp-manual-allreduce"
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    out = {}
-    for name in ("bad", "good"):
-        d = tmp_path_factory.mktemp(f"da-{name}") / "trace"
-        res = trace(torchrun(EXAMPLES / f"{name}.py"), d, "--no-report", "--hang-timeout", "0")
-        assert res.returncode == 0, res.stdout + res.stderr
-        out[name] = findings_json(d)["findings"]
-    return out
+    return example_reports(tmp_path_factory, "ddp-manual-allreduce", failing=(), pg_timeout=None)
 
 
 def test_bad_example_is_found(reports):

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, findings_json, torchrun, trace
+from conftest import ROOT, example_reports
 from tracekit import run_check, write_traces
 
 from ddpdoctor.checks.missing_barrier import MissingBarrier
@@ -139,13 +139,7 @@ def line_of(path: Path, marker: str) -> int:
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    out = {}
-    for name in ("bad", "good"):
-        d = tmp_path_factory.mktemp(f"mb-{name}") / "trace"
-        res = trace(torchrun(EXAMPLES / f"{name}.py"), d, "--no-report", "--hang-timeout", "0")
-        assert res.returncode == 0, res.stdout + res.stderr
-        out[name] = findings_json(d)["findings"]
-    return out
+    return example_reports(tmp_path_factory, "missing-barrier", failing=(), pg_timeout=None)
 
 
 def test_bad_example_is_found(reports):

@@ -5,7 +5,7 @@ Unit tests on hand-written traces, then the documented bad/good programs end to 
 from __future__ import annotations
 
 import pytest
-from conftest import ROOT, findings_json, torchrun, trace
+from conftest import ROOT, example_reports
 from tracekit import run_check, write_traces
 
 from ddpdoctor.checks.unseeded_rng import UnseededRng
@@ -121,13 +121,7 @@ EXAMPLES = ROOT / "checks" / "unseeded-rng"
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    out = {}
-    for name in ("bad", "good"):
-        d = tmp_path_factory.mktemp(f"ur-{name}") / "trace"
-        res = trace(torchrun(EXAMPLES / f"{name}.py"), d, "--no-report", "--hang-timeout", "0")
-        assert res.returncode == 0, res.stdout + res.stderr
-        out[name] = findings_json(d)["findings"]
-    return out
+    return example_reports(tmp_path_factory, "unseeded-rng", failing=(), pg_timeout=None)
 
 
 def test_bad_example_is_found(reports):
