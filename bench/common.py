@@ -84,7 +84,7 @@ def plain_env() -> dict[str, str]:
     """This environment without any ddpdoctor or torch.distributed debug setting."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("DDPDOCTOR_") and k not in ("TORCH_DISTRIBUTED_DEBUG", "TORCH_CPP_LOG_LEVEL")}
-    boot = str(ROOT / "ddpdoctor" / "_bootstrap")
+    boot = str(ROOT / "ddpdoctor" / "rank" / "_bootstrap")
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != boot]
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + paths)
     env["OMP_NUM_THREADS"] = "1"  # what torchrun sets anyway; quiets its warning

@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 
-from ddpdoctor.load import iter_records
+from ddpdoctor.analysis.load import iter_records
 
 from .common import BENCH, PY, ROOT, Row, kill_group, loadavg, median, plain_env, torchrun
 

@@ -40,7 +40,8 @@ def _env(mode: str, trace_dir: str) -> dict[str, str]:
     env = plain_env()
     env["PYTHONFAULTHANDLER"] = "1"  # a crash names its Python line (all modes alike)
     if mode == "ddpdoctor":
-        from ddpdoctor import launcher, settings
+        from ddpdoctor import launcher
+        from ddpdoctor.rank import settings
 
         env = launcher.child_env(trace_dir, settings.DEFAULT_HANG_TIMEOUT, "report", base=env)
     elif mode == "detail":

@@ -73,7 +73,7 @@ AB_ORDER = (1, 0, 0, 1, 1, 0, 0, 1, 1, 0)
 
 
 def _recorder():
-    rec_mod = sys.modules.get("ddpdoctor.recorder")
+    rec_mod = sys.modules.get("ddpdoctor.rank.recorder")
     return rec_mod.get() if rec_mod is not None else None
 
 
@@ -112,7 +112,7 @@ class _Model(nn.Module):
 
 def _trace_file() -> str | None:
     """This rank's ddpdoctor trace file when the job is traced (the bootstrap imported it)."""
-    rec_mod = sys.modules.get("ddpdoctor.recorder")
+    rec_mod = sys.modules.get("ddpdoctor.rank.recorder")
     rec = rec_mod.get() if rec_mod is not None else None
     w = getattr(rec, "writer", None)
     return getattr(w, "path", None)

@@ -24,8 +24,8 @@ import json
 import os
 import time
 
-from ddpdoctor.hangdiag import diagnose
-from ddpdoctor.tracefile import trace_file_name
+from ddpdoctor.trace.files import trace_file_name
+from ddpdoctor.verdict.hang import diagnose
 
 SRC = "/synth/project/train.py"
 HANG_TIMEOUT = 3.0

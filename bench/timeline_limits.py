@@ -23,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ddpdoctor import timeline  # noqa: E402
+from ddpdoctor.render import timeline  # noqa: E402
 
 
 def make_traces(out: str, ranks: int, events: int) -> None:

@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from . import settings
+from .rank import settings
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
@@ -29,9 +29,9 @@ def main() -> None:
 
 
 def _print_report(paths, fmt, output, verbose, select, ignore, fail_on, run_id) -> int:
-    from .load import TraceError
-    from .report import SelectionError, analyze, exit_code, select_checks
-    from .run import load_run
+    from .analysis.engine import SelectionError, analyze, exit_code, select_checks
+    from .analysis.load import TraceError
+    from .analysis.run import load_run
 
     try:
         select_checks(select, ignore)  # a typo in --select/--ignore is a usage error, not "clean"
@@ -43,15 +43,15 @@ def _print_report(paths, fmt, output, verbose, select, ignore, fail_on, run_id) 
     try:
         findings, notes = analyze(run, select, ignore)
         if fmt == "json":
-            from .render_json import render as rj
+            from .render.json_report import render as rj
 
             text = rj(run, findings, notes)
         elif fmt == "html":
-            from .render_html import render as rh
+            from .render.html_report import render as rh
 
             text = rh(run, findings, notes)
         else:
-            from .render_text import render as rt
+            from .render.text import render as rt
 
             text = rt(run, findings, notes, verbose=verbose)
     except Exception as exc:  # never a traceback for a report; DDPDOCTOR_DEBUG=1 shows it
@@ -155,8 +155,8 @@ def trace(out, hang_timeout, on_hang, do_report, fmt, command):
 @click.option("--window", default=None, help="Only this time window in seconds, e.g. 10:20.")
 def timeline(paths, output, ranks, window):
     """Write a Chrome Trace Event / Perfetto timeline of the run."""
-    from . import timeline as tl
-    from .load import TraceError
+    from .analysis.load import TraceError
+    from .render import timeline as tl
 
     try:
         n = tl.write(list(paths), output, ranks=ranks, window=window)

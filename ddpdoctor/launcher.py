@@ -13,9 +13,9 @@ import signal
 import subprocess
 import uuid
 
-from . import settings
+from .rank import settings
 
-BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank", "_bootstrap")
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Exit status of ``ddpdoctor trace`` when it ended the job after a hang (--on-hang kill).
 EXIT_HANG = 124

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddpdoctor.checks import all_checks
-from ddpdoctor.checks.base import Context
-from ddpdoctor.run import load_run
+from ddpdoctor.analysis.checks import all_checks
+from ddpdoctor.analysis.checks.base import Context
+from ddpdoctor.analysis.run import load_run
 
 NORMAL = {"t": "exit", "how": "normal"}
 GLOO_CLOSED = ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "

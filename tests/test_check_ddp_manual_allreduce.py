@@ -13,8 +13,8 @@ import torch
 from conftest import ROOT, example_reports
 from tracekit import coll, run_check, write_traces
 
-from ddpdoctor.checks.ddp_manual_allreduce import DdpManualAllreduce
-from ddpdoctor.patch_ddp import overlap
+from ddpdoctor.analysis.checks.ddp_manual_allreduce import DdpManualAllreduce
+from ddpdoctor.rank.patches.ddp import overlap
 
 GRADS = ["fc.weight.grad", "fc.bias.grad"]
 

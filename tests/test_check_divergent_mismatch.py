@@ -7,8 +7,8 @@ import pytest
 from conftest import ROOT, findings_json, torchrun, trace
 from tracekit import coll, run_check, write_traces
 
-from ddpdoctor.checks.divergent import DivergentCollectives
-from ddpdoctor.checks.mismatch import CollectiveMismatch
+from ddpdoctor.analysis.checks.collective_mismatch import CollectiveMismatch
+from ddpdoctor.analysis.checks.divergent_collectives import DivergentCollectives
 
 COND = [["train.py", 9, "if rank == 0:", "if"]]
 
@@ -93,7 +93,7 @@ def test_examples_end_to_end(tmp_path, category):
 
 
 def test_loop_exits_and_loop_left(tmp_path):
-    from ddpdoctor.sourceinfo import conditions_for_stack, loop_exits, loop_left
+    from ddpdoctor.trace.sourceinfo import conditions_for_stack, loop_exits, loop_left
 
     src = tmp_path / "train.py"
     src.write_text(

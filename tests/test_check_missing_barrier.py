@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, example_reports
 from tracekit import run_check, write_traces
 
-from ddpdoctor.checks.missing_barrier import MissingBarrier
+from ddpdoctor.analysis.checks.missing_barrier import MissingBarrier
 
 CK = "/ckpt/model.pt"
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import ROOT, example_reports
 from tracekit import run_check, write_traces
 
-from ddpdoctor.checks.sampler_misuse import SamplerMisuse
+from ddpdoctor.analysis.checks.sampler_misuse import SamplerMisuse
 
 
 def it(sid: int, rank: int, epoch: int = 0, created: int = 9, **kw) -> dict:

@@ -8,7 +8,7 @@ import pytest
 from conftest import ROOT, example_reports
 from tracekit import run_check, write_traces
 
-from ddpdoctor.checks.unseeded_rng import UnseededRng
+from ddpdoctor.analysis.checks.unseeded_rng import UnseededRng
 
 
 def seed(value: int, line: int = 5) -> dict:

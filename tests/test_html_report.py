@@ -15,9 +15,9 @@ import pytest
 from conftest import report
 from timeline_programs.shared import coll, divergent_run, site, write_rank
 
-from ddpdoctor import render_html
-from ddpdoctor.report import analyze
-from ddpdoctor.run import load_run
+from ddpdoctor.analysis.engine import analyze
+from ddpdoctor.analysis.run import load_run
+from ddpdoctor.render import html_report as render_html
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--no-first-run", "--disable-sync"]

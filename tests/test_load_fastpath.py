@@ -14,7 +14,7 @@ import json
 import pytest
 
 from bench import synth
-from ddpdoctor import load
+from ddpdoctor.analysis import load
 
 
 def _fields(rt: load.RankTrace) -> dict:

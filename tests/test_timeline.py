@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT
 from timeline_programs.shared import coll, divergent_run, mixed_run, site, write_rank
 
-from ddpdoctor import timeline
+from ddpdoctor.render import timeline
 
 
 def run_timeline(trace_dir, out: Path, *extra: str) -> subprocess.CompletedProcess:

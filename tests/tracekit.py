@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddpdoctor.checks.base import Context
-from ddpdoctor.run import load_run
+from ddpdoctor.analysis.checks.base import Context
+from ddpdoctor.analysis.run import load_run
 
 
 def write_traces(folder, ranks: dict[int, list[dict]], world: int | None = None, run: str = "unit",

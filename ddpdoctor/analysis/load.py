@@ -15,7 +15,7 @@ import zlib
 from collections import deque
 from dataclasses import dataclass, field
 
-from .tracefile import PREFIX, SCHEMA_VERSION, SUFFIX
+from ..trace.files import PREFIX, SCHEMA_VERSION, SUFFIX
 
 #: Sequence events per digest block.
 BLOCK = 256
@@ -436,7 +436,7 @@ _LIBRARY_PARTS = ("/site-packages/", "/dist-packages/", "/ddpdoctor/", "/lib/pyt
 def _read_sidecars(rt: RankTrace, path: str) -> None:
     """What a rank that died in C++ left beside its trace: the call it was inside (the
     memory-mapped in-flight file) and, from faulthandler, the fatal error and its stack."""
-    from . import inflightfile
+    from ..trace import inflight as inflightfile
 
     base = path[: -len(SUFFIX)]
     line = inflightfile.read(base + inflightfile.SUFFIX)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import os
 
-from . import recorder as recorder_mod
+from .. import recorder as recorder_mod
 
 _GROUP_MAKERS = ("new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group")
 
@@ -61,13 +61,14 @@ def _after_init(rec, timeout_s: float | None, agree_run_id: bool = True) -> None
     rec.group_ranks["0"] = list(range(world))
     rec.emit({"t": "init", "g": "0", "rank": rank, "world": world, "backend": backend,
               "ts": rec.now_us(), "site": rec.sites.current(2)})
-    from . import exithooks, watchdog
+    from .. import watchdog
+    from . import exit as exithooks
 
     exithooks.install(rec)
     if rec.settings.hang_timeout > 0:
         watchdog.start(rec)
     if rec.settings.record_files:
-        from . import fileaudit
+        from . import files as fileaudit
 
         fileaudit.install(rec)
 

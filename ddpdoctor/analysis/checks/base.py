@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 from functools import cached_property
 
+from ddpdoctor.trace.ranges import fmt_ranks
+from ddpdoctor.trace.sourceinfo import is_rank_dependent
+
 from .. import align
 from ..findings import Finding, Location
-from ..ranges import fmt_ranks
 from ..run import Run
-from ..sourceinfo import is_rank_dependent
 
 DOCS_URL = "checks/{category}/README.md"
 

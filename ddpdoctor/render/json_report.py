@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
-from .findings import SEVERITIES, Finding
-from .run import Run
+from ..analysis.findings import SEVERITIES, Finding
+from ..analysis.run import Run
 
 REPORT_SCHEMA = "ddpdoctor.report/1"
 

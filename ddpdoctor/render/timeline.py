@@ -21,9 +21,9 @@ import sys
 from bisect import bisect_left
 from collections import defaultdict
 
-from .findings import Finding
-from .ranges import fmt_ranks
-from .run import Run
+from ..analysis.findings import Finding
+from ..analysis.run import Run
+from ..trace.ranges import fmt_ranks
 
 #: Tracks (threads) of a rank's process, in display order.
 TRACK_COLLECTIVES, TRACK_DDP, TRACK_P2P, TRACK_WAIT, TRACK_MARKS, TRACK_FINDINGS = 1, 2, 3, 4, 5, 6
@@ -406,8 +406,8 @@ def write(paths: list[str], output: str, ranks: str | None = None, window: str |
     ``ranks`` ("0-3,8") and ``window`` ("10:20", seconds from the run's start) filter what is
     written. Raises ValueError for a bad filter, TraceError for unusable input.
     """
-    from .report import analyze
-    from .run import load_run
+    from ..analysis.engine import analyze
+    from ..analysis.run import load_run
 
     want = parse_ranks(ranks)
     win = parse_window(window)

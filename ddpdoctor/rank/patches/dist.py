@@ -17,8 +17,8 @@ import threading
 import time
 import weakref
 
-from . import describe
-from . import recorder as recorder_mod
+from .. import describe
+from .. import recorder as recorder_mod
 
 _PATCHED_MARK = "__ddpdoctor_wrapped__"
 _get_ident = threading.get_ident
@@ -286,7 +286,7 @@ def _make_collective(op: str, orig, spec):
                     seq = rec.next_seq(gname)
                     head = f"{ent[1]}{seq}{ent[2]}"
                     if rec.ddp_refs and op in _REDUCING:
-                        from . import patch_ddp
+                        from . import ddp as patch_ddp
 
                         hit = patch_ddp.overlap(rec, [v])
                         if hit:
@@ -333,7 +333,7 @@ def _make_collective(op: str, orig, spec):
                 else:
                     parts.append(f'"obj":{describe.object_desc((v,))}')
             if rec.ddp_refs and primary and op in _REDUCING:
-                from . import patch_ddp
+                from . import ddp as patch_ddp
 
                 hit = patch_ddp.overlap(rec, [get(p, args, kwargs) for p in primary])
                 if hit:
@@ -502,7 +502,7 @@ def patch() -> bool:
             return False
         from torch.distributed import distributed_c10d as c10d
 
-        from . import lifecycle
+        from . import groups as lifecycle
 
         for op, spec in COLLECTIVES.items():
             orig = getattr(c10d, op, None)

@@ -50,7 +50,8 @@ _HANG_EXIT_GRACE_S = 5.0
 
 # Defaults for spawn() set by the pytest marker for the duration of one test.
 _spawn_defaults: dict[str, Any] = {}
-_HERE = os.path.dirname(os.path.abspath(__file__)).replace("\\", "/")
+_PATCHES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rank", "patches").replace(
+    "\\", "/")
 _env_lock = threading.Lock()
 
 
@@ -83,7 +84,7 @@ class DistributedBugError(Exception):
 
 
 def _limit(fail_on: str) -> int:
-    from .findings import SEVERITY_RANK
+    from ..analysis.findings import SEVERITY_RANK
 
     if fail_on not in _FAIL_ON:
         raise ValueError(f"fail_on must be one of {', '.join(_FAIL_ON)}, not {fail_on!r}")
@@ -92,11 +93,11 @@ def _limit(fail_on: str) -> int:
 
 def _analyze(folder: str, fail_on: str, select, ignore):
     """(run, findings at/above fail_on, rendered report) of the traces in folder, or None."""
-    from .findings import SEVERITY_RANK
-    from .load import TraceError
-    from .render_text import render
-    from .report import analyze
-    from .run import load_run
+    from ..analysis.engine import analyze
+    from ..analysis.findings import SEVERITY_RANK
+    from ..analysis.load import TraceError
+    from ..analysis.run import load_run
+    from ..render.text import render
 
     try:
         run = load_run([folder])
@@ -111,7 +112,7 @@ def _analyze(folder: str, fail_on: str, select, ignore):
 def _finding_from_json(d: dict):
     from dataclasses import fields
 
-    from .findings import Finding, Location
+    from ..analysis.findings import Finding, Location
 
     names = {f.name for f in fields(Finding)}
     kw = {k: v for k, v in d.items() if k in names}
@@ -137,7 +138,7 @@ def _is_distributed_failure(exc: BaseException) -> bool:
     # The innermost Python frame is the call into the backend: torch.distributed's own code, or
     # one of ddpdoctor's wrappers around it (``Work.wait``...).
     return "/torch/distributed/" in path or (
-        os.path.dirname(path) == _HERE and os.path.basename(path).startswith("patch_"))
+        os.path.dirname(path) == _PATCHES)
 
 
 def _exit_record(rec, exc: BaseException | None) -> dict:
@@ -145,7 +146,7 @@ def _exit_record(rec, exc: BaseException | None) -> dict:
     if exc is None:
         return {"t": "exit", "how": "normal", "ts": rec.now_us(), "events": rec.events,
                 "seq": rec.position(), "pending_async": len(rec.async_pending), "scope": "check"}
-    from .exithooks import _user_frame
+    from ..rank.patches.exit import _user_frame
 
     file, line, func = _user_frame(exc.__traceback__)
     stack = [[fs.filename, fs.lineno, fs.name, (fs.line or "").strip()]
@@ -179,9 +180,9 @@ class _Check:
     def __enter__(self) -> _Check:
         if self._active:
             raise RuntimeError("this ddpdoctor.check() block is already active")
-        from . import activate
-        from . import recorder as recorder_mod
-        from . import settings as settings_mod
+        from ..rank import activate
+        from ..rank import recorder as recorder_mod
+        from ..rank import settings as settings_mod
 
         activate.activate_in_process()
         import torch.distributed as dist
@@ -246,7 +247,7 @@ class _Check:
     def _swap_watchdog(self, rec, hang: float, on_hang: str) -> None:
         import dataclasses
 
-        from . import watchdog
+        from ..rank import watchdog
 
         if rec.watchdog is not None:
             rec.watchdog.stop()
@@ -260,7 +261,7 @@ class _Check:
         if not self._active:
             return False
         self._active = False
-        from . import recorder as recorder_mod
+        from ..rank import recorder as recorder_mod
 
         rec = recorder_mod.get()
         if exc is not None and (isinstance(exc, DistributedBugError)
@@ -306,7 +307,7 @@ class _Check:
     def _snapshot(self, rec, exc: BaseException | None) -> bytes:
         """This rank's trace as it stands, ending with how the block ended."""
         record = _exit_record(rec, exc)
-        from .tracefile import dumps
+        from ..trace.files import dumps
 
         path = rec.writer.path if rec.writer is not None else None
         if not self._nested:
@@ -396,7 +397,7 @@ class _Check:
         analysis = _analyze(tmp, self.fail_on, self.select, self.ignore)
         missing = [r for r in range(self._world) if r not in values]
         failed = {r: m for r, m in peers.items() if m.get("status") != "ok" and r != self._rank}
-        from .ranges import fmt_ranks
+        from ..trace.ranges import fmt_ranks
 
         report = analysis[2] if analysis is not None else ""
         findings = analysis[1] if analysis is not None else []
@@ -440,7 +441,7 @@ class _Check:
                 return
             if self._nested:
                 if self._wd_replaced:
-                    from . import watchdog
+                    from ..rank import watchdog
 
                     if rec.watchdog is not None:
                         rec.watchdog.stop()
@@ -509,9 +510,9 @@ def _environ(overlay: dict[str, str]):
 def _child_main(fn: Callable, rank: int, args: tuple, env: dict[str, str], workdir: str) -> None:
     """Entry of each rank process started by spawn()."""
     os.environ.update(env)  # for start methods that do not exec a new interpreter
-    from . import activate
-    from . import recorder as recorder_mod
-    from . import settings as settings_mod
+    from ..rank import activate
+    from ..rank import recorder as recorder_mod
+    from ..rank import settings as settings_mod
 
     rec = recorder_mod.get()
     if rec is not None and rec.writer is None and rec.settings.out != env.get(settings_mod.ENV_OUT):
@@ -539,7 +540,7 @@ def _child_main(fn: Callable, rank: int, args: tuple, env: dict[str, str], workd
         _write_error(workdir, rank, exc)
         rec = recorder_mod.get()
         if rec is not None and rec.writer is not None:
-            from .exithooks import record_exception
+            from ..rank.patches.exit import record_exception
 
             record_exception(rec, exc)
         traceback.print_exc()
@@ -609,7 +610,7 @@ def _kill_all(procs: list, workdir: str, grace: float) -> None:
     carries this spawn's environment (a grandchild whose parent already exited)."""
     import psutil
 
-    from .launcher import kill_tree
+    from ..launcher import kill_tree
 
     def signal_all(targets: list, kill: bool) -> None:
         for t in targets:
@@ -707,7 +708,7 @@ def spawn(fn: Callable, world_size: int, timeout: float, args: Sequence = (),
     import multiprocessing
     import multiprocessing.connection
 
-    from . import launcher
+    from .. import launcher
 
     if hang_timeout is None:
         hang_timeout = _spawn_defaults.get("hang_timeout")
@@ -816,7 +817,7 @@ def spawn(fn: Callable, world_size: int, timeout: float, args: Sequence = (),
             else:
                 shutil.rmtree(workdir, ignore_errors=True)
             return None
-    from .ranges import fmt_ranks
+    from ..trace.ranges import fmt_ranks
 
     parts: list[str] = []
     findings: list = []

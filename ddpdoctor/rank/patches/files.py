@@ -58,7 +58,7 @@ def _torch_internal_test():
         torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
     except Exception:
         return lambda frame: False
-    passthrough = {os.path.dirname(os.path.abspath(__file__)) + os.sep}
+    passthrough = {os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep}
     for key in ("stdlib", "platstdlib"):
         try:
             passthrough.add(sysconfig.get_paths()[key] + os.sep)
@@ -125,7 +125,7 @@ def install(rec) -> None:
     ignored_suffixes = (".py", ".pyc", ".so", ".pth", ".jsonl", ".stacks.txt")
     seen: set = set()
     state = {"n": 0}
-    from . import recorder as recorder_mod
+    from .. import recorder as recorder_mod
 
     def hook(event, args):
         op = _WATCH.get(event, 0)

@@ -6,7 +6,10 @@ import os
 from collections import defaultdict
 
 from ..findings import Location
-from . import _failures, misuse, p2p, uneven
+from . import _failures
+from . import collective_misuse as misuse
+from . import p2p_mismatch as p2p
+from . import uneven_inputs as uneven
 from .base import Check, Context, fmt
 
 _DDP_DESC = {"ddp_forward": "a DDP forward (it broadcasts buffers)",
@@ -68,7 +71,7 @@ def loop_split(ctx: Context, by_op: dict, point) -> dict | None:
     early exits (``break``/``return`` under a condition), and blame the side that left when
     the loop has such exits (a decision on a rank-local value); with none, the loop simply ran
     a different number of times (different data lengths) and nobody is blamed."""
-    from ..sourceinfo import loop_left
+    from ddpdoctor.trace.sourceinfo import loop_left
 
     sides = [(op, rs) for op, rs in by_op.items()]
     for op, rs in sides:

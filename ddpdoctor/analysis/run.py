@@ -120,7 +120,7 @@ def load_run(paths: list[str], run_id: str | None = None, jobs: int | None = Non
     run = Run(ranks=dict(sorted(ranks.items())), world=world, run_id=run_id, attempt=attempt,
               notes=notes, paths=list(paths))
     if run.missing:
-        from .ranges import fmt_ranks
+        from ..trace.ranges import fmt_ranks
 
         notes.append(f"no trace for rank(s) {fmt_ranks(run.missing)} of {world}: "
                      "the report covers the ranks found")

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from ddpdoctor.trace.ranges import fmt_ranks
+
 from ..findings import Location
-from ..ranges import fmt_ranks
 from . import _failures
 from ._failures import fmt
 from .base import Check, Context

@@ -17,12 +17,12 @@ import os
 import time
 import zlib
 
-from .align import _pending_event
-from .findings import Finding
-from .load import BLOCK, read_group_events, signature
-from .ranges import fmt_ranks
-from .render_text import _rank_rows
-from .run import Run
+from ..analysis.align import _pending_event
+from ..analysis.findings import Finding
+from ..analysis.load import BLOCK, read_group_events, signature
+from ..analysis.run import Run
+from ..trace.ranges import fmt_ranks
+from .text import _rank_rows
 from .timeline import finding_position, wall0
 
 #: Calls shown before and after the position a finding is about.

@@ -19,7 +19,7 @@ import threading
 import weakref
 import zlib
 
-from . import recorder as recorder_mod
+from .. import recorder as recorder_mod
 
 _MARK = "__ddpdoctor_wrapped__"
 #: Identity without id(), which raises an audit event (a call into every audit hook) per use.

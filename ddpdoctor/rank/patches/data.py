@@ -14,7 +14,7 @@ import functools
 import weakref
 import zlib
 
-from . import recorder as recorder_mod
+from .. import recorder as recorder_mod
 
 _MARK = "__ddpdoctor_wrapped__"
 
@@ -140,7 +140,7 @@ def patch() -> None:
             rec = _rec()
             if rec is not None and rec.writer is not None:
                 try:
-                    from .patch_ddp import fingerprint
+                    from .ddp import fingerprint
 
                     ps = [p for g in self.param_groups for p in g["params"]]
                     rec.emit({"t": "optim", "at": "init", "id": id(self) & 0xFFFFFF,
@@ -188,7 +188,7 @@ def _on_first_step(opt, args, kwargs):
     if rec is None or rec.writer is None:
         return None
     try:
-        from .patch_ddp import fingerprint
+        from .ddp import fingerprint
 
         ps = [p for g in opt.param_groups for p in g["params"]]
         grads = [p.grad for p in ps if p.grad is not None]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .. import hangdiag
+from ddpdoctor.verdict import hang as hangdiag
+
 from ..findings import Location
 from .base import Check, Context, fmt
 

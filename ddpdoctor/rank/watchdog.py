@@ -27,8 +27,8 @@ import sys
 import threading
 import time
 
-from . import hangdiag
-from .tracefile import hostname
+from ..trace.files import hostname
+from ..verdict import hang as hangdiag
 
 #: A pending call is written to the trace once it has waited this long, so that a rank killed
 #: later (SIGKILL cannot be caught) still shows where it was.

@@ -33,13 +33,13 @@ def _ddpdoctor_bootstrap() -> None:
         return
     home = os.environ.get("DDPDOCTOR_HOME")
     try:
-        import ddpdoctor.activate as activate
+        import ddpdoctor.rank.activate as activate
     except ImportError:
         if not home:
             return
         sys.path.append(home)
         try:
-            import ddpdoctor.activate as activate
+            import ddpdoctor.rank.activate as activate
         except ImportError:
             return
     activate.install_import_hook()

@@ -13,9 +13,9 @@ import textwrap
 
 from tabulate import tabulate
 
-from .findings import Finding
-from .ranges import fmt_ranks
-from .run import Run
+from ..analysis.findings import Finding
+from ..analysis.run import Run
+from ..trace.ranges import fmt_ranks
 
 _MARK = {"error": "ERROR", "warning": "WARNING", "info": "info"}
 WIDTH = 100
@@ -24,7 +24,7 @@ MAX_LOCATIONS = 8
 
 
 def _short(text: str, limit: int = 70) -> str:
-    from .checks._failures import short_error
+    from ..analysis.checks._failures import short_error
 
     return short_error(text, limit)
 

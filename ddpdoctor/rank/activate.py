@@ -58,7 +58,10 @@ def on_torch_imported() -> None:
 
         callsite.add_skip_prefix(torch.__file__)
         rec = recorder.install()
-        from . import exithooks, patch_data, patch_ddp, patch_dist
+        from .patches import data as patch_data
+        from .patches import ddp as patch_ddp
+        from .patches import dist as patch_dist
+        from .patches import exit as exithooks
 
         if not patch_dist.patch():
             return

@@ -14,9 +14,9 @@ import threading
 import time
 import traceback
 
+from ..trace.files import SCHEMA_VERSION, TraceWriter, dumps, hostname, trace_file_name
 from . import settings as settings_mod
 from .callsite import SiteTable
-from .tracefile import SCHEMA_VERSION, TraceWriter, dumps, hostname, trace_file_name
 
 _recorder: Recorder | None = None
 _lock = threading.Lock()
@@ -109,7 +109,7 @@ class Recorder:
         }
         self.writer.write(header)
         try:
-            from .inflightfile import SUFFIX, InflightSlot
+            from ..trace.inflight import SUFFIX, InflightSlot
 
             self.slot = InflightSlot(path[: -len(".jsonl")] + SUFFIX)
         except (OSError, ValueError):
@@ -147,7 +147,7 @@ class Recorder:
         self.settings = dataclasses.replace(self.settings, **changes)
         self.enabled = True
         self._pending.clear()  # what happened before the block is not part of it
-        from .lifecycle import _after_init
+        from .patches.groups import _after_init
 
         _after_init(self, None, agree_run_id=False)
         return self.writer.path if self.writer is not None else None

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 
-from .ranges import fmt_ranks
-from .sourceinfo import is_rank_dependent, loop_left
+from ..trace.ranges import fmt_ranks
+from ..trace.sourceinfo import is_rank_dependent, loop_left
 
 # Verdicts. "stall" means some ranks wait while others still run Python code: it may resolve.
 DIVERGED, DEAD, STALL, ELSEWHERE, BACKEND = "diverged", "rank-gone", "stall", "other-group", "backend"

@@ -14,9 +14,9 @@ import sysconfig
 import threading
 from types import FrameType
 
-from . import sourceinfo
+from ..trace import sourceinfo
 
-_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the ddpdoctor package
 #: Frames under these prefixes are never the user's call site.
 _SKIP_PREFIXES: list[str] = [_HERE]
 _SKIP_NAMES = ("<frozen ", "<string>")

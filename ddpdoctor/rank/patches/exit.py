@@ -11,7 +11,7 @@ import signal
 import sys
 import traceback
 
-from . import callsite
+from .. import callsite
 
 _installed = False
 
@@ -140,7 +140,7 @@ def _spawn_wrap(fn, i, args, error_file):
     """Child-side entry of torch.multiprocessing.spawn, recording the worker's exception."""
     tmp_spawn = _spawn_module()
 
-    from . import recorder as recorder_mod
+    from .. import recorder as recorder_mod
 
     def fn_recorded(idx, *a):
         try:
