@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import example_reports
-from endkit import coll, ddp_record, run_checks, write_run
+from support.endkit import coll, ddp_record, run_checks, write_run
 
 BAR = ("train.py", 34, "dist.barrier()", [["train.py", 31, "for x in loader:", "for"]])
 STEP = ("train.py", 36, "model(x)", [["train.py", 31, "for x in loader:", "for"]])

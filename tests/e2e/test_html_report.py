@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import report
-from timeline_programs.shared import coll, divergent_run, site, write_rank
+from support.timeline_runs import coll, divergent_run, site, write_rank
 
 from ddpdoctor.analysis.engine import analyze
 from ddpdoctor.analysis.run import load_run

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from conftest import ROOT, findings_json, torchrun, trace
 
-PROGRAMS = ROOT / "tests" / "correct_programs"
+PROGRAMS = ROOT / "tests" / "e2e" / "correct_programs"
 
 
 @pytest.mark.parametrize("program", ["ddp_training.py", "subgroups_p2p.py", "join_uneven.py"])

@@ -8,7 +8,16 @@ import time
 
 import pytest
 from conftest import example_reports
-from endkit import GLOO_CLOSED, GLOO_TIMEOUT, coll, ddp_record, ddp_steps, raised, run_checks, write_run
+from support.endkit import (
+    GLOO_CLOSED,
+    GLOO_TIMEOUT,
+    coll,
+    ddp_record,
+    ddp_steps,
+    raised,
+    run_checks,
+    write_run,
+)
 
 STEP = ("train.py", 30, "loss = model(x)", [["train.py", 28, "for x in batches:", "for"]])
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import example_reports
-from endkit import GLOO_CLOSED, GLOO_TIMEOUT, NO_PG, coll, raised, run_checks, write_run
+from support.endkit import GLOO_CLOSED, GLOO_TIMEOUT, NO_PG, coll, raised, run_checks, write_run
 
 AR = ("train.py", 27, "dist.all_reduce(x)")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import ROOT, findings_json, torchrun, trace
-from tracekit import coll, run_check, write_traces
+from support.tracekit import coll, run_check, write_traces
 
 from ddpdoctor.analysis.checks.collective_mismatch import CollectiveMismatch
 from ddpdoctor.analysis.checks.divergent_collectives import DivergentCollectives

@@ -11,7 +11,7 @@ import weakref
 import pytest
 import torch
 from conftest import ROOT, example_reports
-from tracekit import coll, run_check, write_traces
+from support.tracekit import coll, run_check, write_traces
 
 from ddpdoctor.analysis.checks.ddp_manual_allreduce import DdpManualAllreduce
 from ddpdoctor.rank.patches.ddp import overlap

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import report
-from endkit import GLOO_CLOSED, coll, ddp_record, raised, write_run
+from support.endkit import GLOO_CLOSED, coll, ddp_record, raised, write_run
 
 MS = 1000
 BAR = ("train.py", 34, "dist.barrier()")

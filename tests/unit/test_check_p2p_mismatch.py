@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import example_reports
-from endkit import GLOO_TIMEOUT, coll, raised, run_checks, write_run
+from support.endkit import GLOO_TIMEOUT, coll, raised, run_checks, write_run
 
 SEND = ("pipe.py", 10, "dist.send(t, dst=1)")
 RECV = ("pipe.py", 14, "dist.recv(buf, src=0)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import example_reports
-from endkit import NO_PG, coll, raised, run_checks, write_run
+from support.endkit import NO_PG, coll, raised, run_checks, write_run
 
 DESTROY = {"t": "pg", "op": "destroy", "g": "0", "site": ("train.py", 19, "dist.destroy_process_group()")}
 LATE = ("train.py", 36, "dist.all_reduce(metric)")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, example_reports
-from tracekit import run_check, write_traces
+from support.tracekit import run_check, write_traces
 
 from ddpdoctor.analysis.checks.missing_barrier import MissingBarrier
 

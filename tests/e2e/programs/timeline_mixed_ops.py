@@ -1,7 +1,7 @@
 """A correct 2-rank job with every kind of event the timeline draws: collectives, an async
 all_reduce and its wait, p2p send/recv, a DDP step, and a late rank whose peer waits for it.
 
-Run: torchrun --nproc_per_node=2 tests/timeline_programs/mixed_ops.py
+Run: torchrun --nproc_per_node=2 tests/e2e/programs/timeline_mixed_ops.py
 """
 
 import datetime

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import PY, ROOT, findings_json, free_port, torchrun, trace
 
-CASES = ROOT / "tests" / "hang_programs" / "cases.py"
+CASES = ROOT / "tests" / "e2e" / "hang_programs" / "cases.py"
 HANG_TIMEOUT = "5"
 PG = {"EXAMPLE_PG_TIMEOUT": "60"}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import ROOT, example_reports
-from tracekit import run_check, write_traces
+from support.tracekit import run_check, write_traces
 
 from ddpdoctor.analysis.checks.sampler_misuse import SamplerMisuse
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from timeline_programs.shared import coll, divergent_run, mixed_run, site, write_rank
+from support.timeline_runs import coll, divergent_run, mixed_run, site, write_rank
 
 from ddpdoctor.render import timeline
 

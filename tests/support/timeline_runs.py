@@ -9,7 +9,6 @@ from pathlib import Path
 from conftest import ROOT, torchrun, trace
 
 _CACHE: dict[str, Path] = {}
-HERE = Path(__file__).resolve().parent
 
 
 def _traced(name: str, tmp_path_factory, script: Path, env: dict) -> Path:
@@ -30,8 +29,8 @@ def divergent_run(tmp_path_factory) -> Path:
 
 
 def mixed_run(tmp_path_factory) -> Path:
-    """A correct job with collectives, async wait, p2p, DDP and a late rank (see mixed_ops.py)."""
-    return _traced("mixed", tmp_path_factory, HERE / "mixed_ops.py",
+    """A correct job with collectives, async wait, p2p, DDP and a late rank (see tests/e2e/programs/timeline_mixed_ops.py)."""
+    return _traced("mixed", tmp_path_factory, ROOT / "tests" / "e2e" / "programs" / "timeline_mixed_ops.py",
                    {"EXAMPLE_PG_TIMEOUT": "20", "TIMELINE_LATE_S": "0.4"})
 
 
