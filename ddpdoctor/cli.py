@@ -8,40 +8,45 @@ ended a hung job.
 from __future__ import annotations
 
 import os
-import sys
 
 import click
 
+from .errors import EXIT_HANG, EXIT_USAGE, DdpDoctorError, UsageError
 from .rank import settings
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+
+class _Main(click.Group):
+    """The one place where ddpdoctor's own errors become a one-line message and an exit code."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except DdpDoctorError as exc:
+            click.echo(f"ddpdoctor: error: {exc}", err=True)
+            ctx.exit(EXIT_USAGE)
 
 
-def _fail(msg: str) -> None:
-    click.echo(f"ddpdoctor: error: {msg}", err=True)
-    sys.exit(EXIT_USAGE)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ddpdoctor")
 def main() -> None:
     """Diagnose distributed PyTorch jobs: trace every rank, find divergence, explain hangs."""
 
 
 def _print_report(paths, fmt, output, verbose, select, ignore, fail_on, run_id) -> int:
-    from .analysis.engine import SelectionError, analyze, exit_code, select_checks
-    from .analysis.load import TraceError
-    from .analysis.run import load_run
+    """Analyse and print; returns the exit code. Raises DdpDoctorError for unusable input."""
+    from .analysis.engine import analyze_paths
 
     try:
-        select_checks(select, ignore)  # a typo in --select/--ignore is a usage error, not "clean"
-        run = load_run(list(paths), run_id=run_id)
-    except (TraceError, SelectionError) as exc:
-        _fail(str(exc))
+        # a typo in --select/--ignore is a usage error, not "clean"
+        result = analyze_paths(list(paths), select, ignore, run_id=run_id, fail_on=fail_on)
     except OSError as exc:
-        _fail(f"cannot read the traces: {exc}")
+        raise UsageError(f"cannot read the traces: {exc}") from None
+    except DdpDoctorError:
+        raise
+    except Exception as exc:
+        _internal_error(exc)
+    run, findings, notes = result.run, result.findings, result.notes
     try:
-        findings, notes = analyze(run, select, ignore)
         if fmt == "json":
             from .render.json_report import render as rj
 
@@ -54,11 +59,8 @@ def _print_report(paths, fmt, output, verbose, select, ignore, fail_on, run_id) 
             from .render.text import render as rt
 
             text = rt(run, findings, notes, verbose=verbose)
-    except Exception as exc:  # never a traceback for a report; DDPDOCTOR_DEBUG=1 shows it
-        if os.environ.get(settings.ENV_DEBUG):
-            raise
-        _fail(f"internal error while reporting ({type(exc).__name__}: {exc}); "
-              f"set {settings.ENV_DEBUG}=1 for the traceback")
+    except Exception as exc:
+        _internal_error(exc)
     if fmt != "text" or output:
         for n in run.notes + notes:  # the text report shows them; keep machine output pure
             click.echo(f"ddpdoctor: note: {n}", err=True)
@@ -67,11 +69,19 @@ def _print_report(paths, fmt, output, verbose, select, ignore, fail_on, run_id) 
             with open(output, "w", encoding="utf-8") as f:
                 f.write(text + ("\n" if not text.endswith("\n") else ""))
         except OSError as exc:
-            _fail(f"cannot write {output}: {exc.strerror or exc}")
+            raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
         click.echo(f"ddpdoctor: report written to {output}", err=True)
     else:
         click.echo(text)
-    return exit_code(findings, fail_on)
+    return result.exit_code
+
+
+def _internal_error(exc: Exception):
+    """Never a traceback for a report; DDPDOCTOR_DEBUG=1 shows it."""
+    if os.environ.get(settings.ENV_DEBUG):
+        raise exc
+    raise UsageError(f"internal error while reporting ({type(exc).__name__}: {exc}); "
+                     f"set {settings.ENV_DEBUG}=1 for the traceback") from None
 
 
 def _split(values) -> list[str]:
@@ -93,7 +103,8 @@ def _split(values) -> list[str]:
 @click.option("--run", "run_id", default=None, help="Run id to report when a folder holds several.")
 def report(paths, fmt, output, verbose, select, ignore, fail_on, run_id):
     """Analyse trace folders (several nodes' folders may be given together)."""
-    sys.exit(_print_report(paths, fmt, output, verbose, _split(select), _split(ignore), fail_on, run_id))
+    click.get_current_context().exit(
+        _print_report(paths, fmt, output, verbose, _split(select), _split(ignore), fail_on, run_id))
 
 
 @main.command(context_settings={"allow_interspersed_args": False})
@@ -116,25 +127,22 @@ def trace(out, hang_timeout, on_hang, do_report, fmt, command):
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        _fail("no command given: ddpdoctor trace -- COMMAND [ARGS...]")
+        raise UsageError("no command given: ddpdoctor trace -- COMMAND [ARGS...]")
     import shutil
 
     if shutil.which(command[0]) is None:  # one line, before anything is created or printed
-        _fail(f"command not found or not executable: {command[0]}")
+        raise UsageError(f"command not found or not executable: {command[0]}")
     out = out or launcher.default_out_dir()
     click.echo(f"ddpdoctor: tracing into {out}", err=True)
-    try:
-        status, killed = launcher.run(command, out, hang_timeout, on_hang)
-    except launcher.LaunchError as exc:
-        _fail(str(exc))
+    status, killed = launcher.run(command, out, hang_timeout, on_hang)  # LaunchError: a usage error
     if do_report:
         click.echo("", err=True)
         has_files = any(n.startswith("rank") for n in os.listdir(out)) if os.path.isdir(out) else False
         if has_files:
             try:
                 _print_report([out], fmt, None, False, [], [], "never", None)
-            except SystemExit:
-                pass
+            except DdpDoctorError as exc:  # the command's exit status passes through
+                click.echo(f"ddpdoctor: error: {exc}", err=True)
             except Exception as exc:  # the command's exit status must pass through regardless
                 click.echo(f"ddpdoctor: error: the report failed ({type(exc).__name__}: {exc}); "
                            f"the traces are in {out}", err=True)
@@ -142,9 +150,9 @@ def trace(out, hang_timeout, on_hang, do_report, fmt, command):
             click.echo("ddpdoctor: no rank traced (the command never initialised a process group)",
                        err=True)
     if killed:
-        click.echo(f"ddpdoctor: the job was ended after a hang (exit {launcher.EXIT_HANG})", err=True)
-        sys.exit(launcher.EXIT_HANG)
-    sys.exit(status)
+        click.echo(f"ddpdoctor: the job was ended after a hang (exit {EXIT_HANG})", err=True)
+        status = EXIT_HANG
+    click.get_current_context().exit(status)
 
 
 @main.command()
@@ -155,13 +163,12 @@ def trace(out, hang_timeout, on_hang, do_report, fmt, command):
 @click.option("--window", default=None, help="Only this time window in seconds, e.g. 10:20.")
 def timeline(paths, output, ranks, window):
     """Write a Chrome Trace Event / Perfetto timeline of the run."""
-    from .analysis.load import TraceError
     from .render import timeline as tl
 
     try:
         n = tl.write(list(paths), output, ranks=ranks, window=window)
-    except (TraceError, ValueError) as exc:
-        _fail(str(exc))
+    except ValueError as exc:  # a bad --ranks/--window (TraceError is a DdpDoctorError)
+        raise UsageError(str(exc)) from None
     click.echo(f"ddpdoctor: {n} events written to {output} (open in https://ui.perfetto.dev)", err=True)
 
 

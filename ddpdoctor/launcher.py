@@ -13,14 +13,14 @@ import signal
 import subprocess
 import uuid
 
+from .errors import EXIT_HANG, LaunchError
 from .rank import settings
+from .trace.files import KILL_MARKER
+
+__all__ = ["EXIT_HANG", "LaunchError", "KILL_MARKER"]
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank", "_bootstrap")
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-#: Exit status of ``ddpdoctor trace`` when it ended the job after a hang (--on-hang kill).
-EXIT_HANG = 124
-#: Marker a rank writes into the trace folder when the job is to be ended after a hang.
-KILL_MARKER = "HANG_KILL"
 
 
 def default_out_dir(base: str = "ddpdoctor-traces") -> str:
@@ -112,8 +112,3 @@ def run(command: list[str], out: str, hang_timeout: float | None, on_hang: str,
     if os.path.exists(marker) and on_hang == "kill":
         killed = True
     return exit_status(rc), killed
-
-
-class LaunchError(Exception):
-    pass
-

@@ -111,12 +111,8 @@ def pytest_runtest_call(item):
     from . import testing
 
     if not _has_process_group():
-        testing._spawn_defaults.clear()
-        testing._spawn_defaults.update({k: v for k, v in opts.items() if v is not None})
-        try:
+        with testing.spawn_defaults(**opts):
             return (yield)
-        finally:
-            testing._spawn_defaults.clear()
     block = testing.check(**opts)
     block.__enter__()
     try:

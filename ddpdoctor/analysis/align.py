@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..trace.records import InFlight
 from .load import BLOCK, RankTrace, read_group_events, signature
 from .run import Run
 
@@ -31,10 +32,10 @@ def _pending_event(rt: RankTrace, group: str, seq: int) -> dict | None:
         if t == "pending" and r.get("g") == group and r.get("s") == seq:
             return dict(r, t="c", pending=1)
         if t == "exit":
-            for inf in r.get("inflight") or []:
-                if len(inf) >= 5 and inf[1] == group and inf[2] == seq:
-                    return {"t": "c", "op": inf[0], "g": group, "s": seq, "site": inf[3],
-                            "ts": inf[4], "pending": 1}
+            for inf in map(InFlight.decode, r.get("inflight") or []):
+                if inf is not None and inf.g == group and inf.s == seq:
+                    return {"t": "c", "op": inf.op, "g": group, "s": seq, "site": inf.site,
+                            "ts": inf.ts, "pending": 1}
     return None
 
 

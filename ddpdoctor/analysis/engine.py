@@ -1,14 +1,16 @@
-"""From a run to findings: run every selected check; a check that breaks is reported, not fatal."""
+"""The one pipeline: trace folders -> run -> findings -> exit code (:func:`analyze_paths`).
+
+Every check that is selected runs on one shared context; a check that breaks is reported as a
+note, not fatal. The command line, ``ddpdoctor.check()``/``spawn()`` and the timeline use it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from ..errors import EXIT_FINDINGS, EXIT_OK, SelectionError
 from .checks import Check, Context, all_checks
-from .findings import SEVERITY_RANK, Finding
-from .run import Run
-
-
-class SelectionError(ValueError):
-    """--select/--ignore named a check that does not exist."""
+from .findings import SEVERITY_RANK, Finding, sort_key
+from .run import Run, load_run
 
 
 def select_checks(select: list[str] | None = None, ignore: list[str] | None = None) -> list[Check]:
@@ -35,11 +37,6 @@ def select_checks(select: list[str] | None = None, ignore: list[str] | None = No
     return checks
 
 
-def sort_key(f: Finding):
-    """Report order: severity (errors first), then check id, category, first rank."""
-    return (SEVERITY_RANK.get(f.severity, 9), f.id, f.category, min(f.ranks or [0]))
-
-
 def analyze(run: Run, select=None, ignore=None) -> tuple[list[Finding], list[str]]:
     """Findings sorted by severity and id, plus one-line notes about checks that could not run."""
     checks = select_checks(select, ignore)
@@ -56,9 +53,52 @@ def analyze(run: Run, select=None, ignore=None) -> tuple[list[Finding], list[str
     return findings, notes
 
 
-def exit_code(findings: list[Finding], fail_on: str) -> int:
-    """1 when a finding is at least as severe as ``fail_on`` (error|warning|info), else 0."""
+def failing(findings: list[Finding], fail_on: str) -> list[Finding]:
+    """The findings at least as severe as ``fail_on`` (error|warning|info; none for never)."""
     if fail_on == "never":
-        return 0
+        return []
     limit = SEVERITY_RANK[fail_on]
-    return 1 if any(SEVERITY_RANK.get(f.severity, 9) <= limit for f in findings) else 0
+    return [f for f in findings if SEVERITY_RANK.get(f.severity, 9) <= limit]
+
+
+def exit_code(findings: list[Finding], fail_on: str) -> int:
+    """EXIT_FINDINGS when a finding is at least as severe as ``fail_on``, else EXIT_OK."""
+    return EXIT_FINDINGS if failing(findings, fail_on) else EXIT_OK
+
+
+@dataclass
+class Analysis:
+    """What :func:`analyze_paths` found: the run, its findings (report order), notes about checks
+    that could not run, and the exit code for ``fail_on``."""
+
+    run: Run
+    findings: list[Finding]
+    notes: list[str] = field(default_factory=list)
+    fail_on: str = "error"
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code(self.findings, self.fail_on)
+
+    @property
+    def failing(self) -> list[Finding]:
+        """The findings at or above ``fail_on``."""
+        return failing(self.findings, self.fail_on)
+
+
+def analyze_paths(paths: list[str], select=None, ignore=None, run_id: str | None = None,
+                  fail_on: str = "error") -> Analysis:
+    """Load the run in ``paths`` (trace folders or files) and run the selected checks.
+
+    Raises SelectionError for an unknown check name (before reading anything, so that a typo is a
+    usage error, not a clean report) and TraceError for unusable input."""
+    if fail_on != "never" and fail_on not in SEVERITY_RANK:
+        raise ValueError(f"fail_on must be error, warning, info or never, not {fail_on!r}")
+    select_checks(select, ignore)
+    return analyze_run(load_run(list(paths), run_id=run_id), select, ignore, fail_on)
+
+
+def analyze_run(run: Run, select=None, ignore=None, fail_on: str = "error") -> Analysis:
+    """The selected checks over a loaded run."""
+    findings, notes = analyze(run, select, ignore)
+    return Analysis(run, findings, notes, fail_on)

@@ -45,4 +45,5 @@ class Finding:
 
 
 def sort_key(f: Finding):
-    return (SEVERITY_RANK.get(f.severity, 9), f.category, min(f.ranks or [0]))
+    """Report order: severity (errors first), then check id, category, first rank."""
+    return (SEVERITY_RANK.get(f.severity, 9), f.id, f.category, min(f.ranks or [0]))

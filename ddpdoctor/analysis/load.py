@@ -15,21 +15,23 @@ import zlib
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..trace.files import PREFIX, SCHEMA_VERSION, SUFFIX
+from ..errors import TraceError
+from ..trace import ops
+from ..trace.files import PREFIX, SCHEMA_VERSION, STACKS_SUFFIX, SUFFIX
 
 #: Sequence events per digest block.
 BLOCK = 256
 #: Last events kept per rank for the summary and failure analysis.
 TAIL = 20
 #: Ops whose tensors legitimately differ in shape across ranks.
-ASYMMETRIC_OPS = frozenset({"all_to_all", "all_to_all_single"})
+ASYMMETRIC_OPS = ops.ASYMMETRIC_OPS
 _SIG_KEYS = ("x", "rop", "root", "groot", "nobj")
 _RARE = frozenset({"pg", "init", "file", "file_cap", "seed", "split", "sampler", "set_epoch", "optim",
                    "ddp", "exit", "hang", "pending", "w"})
 
 
 #: Ops counted as barriers (RankTrace.after_barrier).
-BARRIER_OPS = frozenset({"barrier", "monitored_barrier"})
+BARRIER_OPS = ops.BARRIER_OPS
 # Fields whose type the loader relies on; a record with another type there is skipped as corrupt.
 _TYPED = (("t", str), ("op", str), ("g", str), ("ch", str), ("d", int), ("ts", (int, float)),
           ("s", int), ("site", (int, type(None))))
@@ -69,7 +71,7 @@ class _Shape:
         self.op_b = self.op.encode()
         self.sig_b = (self.op + "|" + signature(rec)).encode()
         self.opsite = (self.op, rec.get("site"))
-        self.ddp = self.op in ("ddp_forward", "ddp_backward")
+        self.ddp = self.op in ops.DDP_STEPS
         self.train_fwd = bool(rec.get("grad")) and self.op == "ddp_forward"
         self.n = self.total = self.longest = 0  # events taken by the fast path; sum, max of d
 
@@ -104,10 +106,6 @@ class _Shape:
         if m.start(7) >= 0:
             rec["step"] = int(m.group(7))
         return rec
-
-
-class TraceError(Exception):
-    """A problem with the input that the user must fix (a missing or empty folder)."""
 
 
 def signature(rec: dict) -> str:
@@ -452,7 +450,7 @@ def _read_sidecars(rt: RankTrace, path: str) -> None:
     if rt.exit_record() is not None:
         return
     try:
-        with open(base + ".stacks.txt", errors="replace") as f:
+        with open(base + STACKS_SUFFIX, errors="replace") as f:
             text = f.read()[-200000:]
     except OSError:
         return

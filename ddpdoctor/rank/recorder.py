@@ -15,6 +15,7 @@ import time
 import traceback
 
 from ..trace.files import SCHEMA_VERSION, TraceWriter, dumps, hostname, trace_file_name
+from ..trace.records import InFlight
 from . import settings as settings_mod
 from .callsite import SiteTable
 
@@ -51,7 +52,7 @@ class Recorder:
         self.p2p: dict[str, int] = {}  # channel "src>dst@group" -> number of messages
         self.group_names: dict[int, str] = {}  # id(ProcessGroup) -> name
         self.group_ranks: dict[str, list[int]] = {}
-        self.inflight: dict[int, tuple] = {}  # thread id -> (op, group, seq, site, start_us)
+        self.inflight: dict[object, InFlight] = {}  # thread id (or a DDP key) -> the call it is inside
         self.local = threading.local()  # .depth: nesting of patched calls on this thread
         # id(Work) -> (op, group, seq, site, p2p wait-record tag, weakref to the Work)
         self.async_pending: dict[int, tuple] = {}
@@ -61,6 +62,11 @@ class Recorder:
         self.last_failed: tuple | None = None  # (op, group, seq, start_us) of the last call that raised
         self._error_logged = False
         self.watchdog = None
+        self.exit_recorded = False  # an exit record was written (exit hooks, watchdog, check())
+        self.exit_info: dict | None = None  # how this rank ended, for the watchdog's diagnosis
+        self.stacks_file = None  # kept open for faulthandler's stack dumps
+        # DDP parameter/gradient memory ranges (patches.ddp.overlap), rebuilt when marked dirty
+        self._ddp_ptrs: dict = {"dirty": True, "map": {}}
 
     # -- time ---------------------------------------------------------------------------------
     def now_us(self) -> int:
@@ -123,50 +129,13 @@ class Recorder:
                 self.writer.write_line(line)
         self._pending.clear()
 
+    def discard_pending(self) -> None:
+        """Forget the records made before the trace file existed."""
+        self._pending.clear()
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-
-    def start_session(self, out: str, hang_timeout: float | None = None, on_hang: str | None = None,
-                      run_id: str | None = None) -> str | None:
-        """Start recording now into ``out`` (``ddpdoctor.check`` inside an initialised job,
-        without the launcher). Returns the trace file's path, or None if no process group exists."""
-        import dataclasses
-
-        from torch.distributed import distributed_c10d as c10d
-
-        if not c10d.is_initialized():
-            return None
-        changes: dict = {"out": out}
-        if hang_timeout is not None:
-            changes["hang_timeout"] = float(hang_timeout)
-        if on_hang is not None:
-            changes["on_hang"] = on_hang
-        if run_id is not None:
-            changes["run_id"] = run_id
-        self.settings = dataclasses.replace(self.settings, **changes)
-        self.enabled = True
-        self._pending.clear()  # what happened before the block is not part of it
-        from .patches.groups import _after_init
-
-        _after_init(self, None, agree_run_id=False)
-        return self.writer.path if self.writer is not None else None
-
-    def end_session(self) -> str | None:
-        """Stop recording (the watchdog too) and close the file; returns its path."""
-        path = self.writer.path if self.writer is not None else None
-        if self.watchdog is not None:
-            self.watchdog.stop()
-            self.watchdog = None
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-        if self.slot is not None:
-            self.slot.close()
-            self.slot = None
-        self.seq.clear()
-        self.p2p.clear()
-        return path
 
     # -- groups -------------------------------------------------------------------------------
     def group_name(self, group) -> str:

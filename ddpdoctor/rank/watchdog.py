@@ -27,15 +27,15 @@ import sys
 import threading
 import time
 
-from ..trace.files import hostname
+from ..errors import EXIT_HANG
+from ..trace import records
+from ..trace.files import KILL_MARKER, hostname, stacks_path
+from ..trace.records import InFlight
 from ..verdict import hang as hangdiag
 
 #: A pending call is written to the trace once it has waited this long, so that a rank killed
 #: later (SIGKILL cannot be caught) still shows where it was.
 PENDING_RECORD_AFTER_S = 1.0
-#: Exit status of a rank ended by the watchdog after a hang (--on-hang kill).
-EXIT_HANG = 124
-KILL_MARKER = "HANG_KILL"
 _GRACE_S = 1.5
 
 
@@ -147,7 +147,7 @@ class Watchdog(threading.Thread):
             return
         path = self.rec.writer.path if self.rec.writer is not None else ""
         st.set(self._key(f"info/{self.rec.rank}"), json.dumps(
-            {"pid": os.getpid(), "host": hostname(), "stacks": path[:-6] + ".stacks.txt" if path else ""}))
+            {"pid": os.getpid(), "host": hostname(), "stacks": stacks_path(path) if path else ""}))
 
     def publish_exit(self, info: dict) -> None:
         """Called from the exit hooks: tell the others how this rank ended."""
@@ -175,10 +175,10 @@ class Watchdog(threading.Thread):
         self._cpu = (now_m, cpu)
         now = rec.now_us()
         oldest = None
-        for info in list(rec.inflight.values()):
-            waited = (now - info[4]) / 1e6
+        for info in map(InFlight._make, list(rec.inflight.values())):
+            waited = (now - info.ts) / 1e6
             if waited >= PENDING_RECORD_AFTER_S:
-                key = (info[0], info[1], info[2], info[4])
+                key = (info.op, info.g, info.s, info.ts)
                 if key not in self.pending_written:
                     self.pending_written.add(key)
                     rec.emit({"t": "pending", "op": info[0], "g": info[1], "s": info[2],
@@ -205,7 +205,7 @@ class Watchdog(threading.Thread):
         st: dict = {"rank": rec.rank, "pid": os.getpid(), "host": hostname(), "seq": rec.position(),
                     "cpu": None if self.cpu_percent is None else round(self.cpu_percent, 1),
                     "ddp_steps": _ddp_steps(rec)}
-        exit_info = getattr(rec, "exit_info", None)
+        exit_info = rec.exit_info
         if exit_info and not infl:
             # The main thread raised, yet the process lives on (a non-daemon thread keeps it).
             st.update(state="exited", exit=exit_info, stacks=_stacks())
@@ -259,7 +259,7 @@ class Watchdog(threading.Thread):
     def _check_resolved(self, st, now: int) -> None:
         rec = self.rec
         key = self.reporting["key"]
-        if any((i[0], i[1], i[2], i[4]) == key for i in rec.inflight.values()):
+        if any((i.op, i.g, i.s, i.ts) == key for i in map(InFlight._make, list(rec.inflight.values()))):
             kill_at = self.reporting.get("kill_at")
             if kill_at is not None and now >= kill_at:
                 print(f"ddpdoctor: HANG: {key[0]} #{key[2]} in process group {key[1]} still has not "
@@ -269,7 +269,7 @@ class Watchdog(threading.Thread):
                 self._die()
             return
         waited = (now - key[3]) / 1e6
-        if getattr(rec, "last_failed", None) == key:
+        if rec.last_failed == key:
             msg = (f"ddpdoctor: the hung {key[0]} #{key[2]} in process group {key[1]} ended with an "
                    f"error after {waited:.1f} s (the backend's timeout or a peer's failure)")
             print(msg, file=sys.stderr, flush=True)
@@ -414,9 +414,8 @@ class Watchdog(threading.Thread):
         rec = self.rec
         self._write_file(KILL_MARKER, f"{hostname()} {os.getpid()} rank {rec.rank}\n", append=True)
         try:
-            rec.emit({"t": "exit", "how": "hang-kill", "ts": rec.now_us(),
-                      "inflight": [list(v) for v in rec.inflight.values()]})
-            rec._exit_recorded = True
+            rec.emit(records.exit_record("hang-kill", ts=rec.now_us(), inflight=records.inflight_list(rec.inflight)))
+            rec.exit_recorded = True
             if rec.writer is not None:
                 rec.writer.sync()
         except Exception:

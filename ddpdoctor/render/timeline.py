@@ -23,7 +23,9 @@ from collections import defaultdict
 
 from ..analysis.findings import Finding
 from ..analysis.run import Run
+from ..trace import ops
 from ..trace.ranges import fmt_ranks
+from ..trace.records import InFlight
 
 #: Tracks (threads) of a rank's process, in display order.
 TRACK_COLLECTIVES, TRACK_DDP, TRACK_P2P, TRACK_WAIT, TRACK_MARKS, TRACK_FINDINGS = 1, 2, 3, 4, 5, 6
@@ -35,7 +37,7 @@ _LANE_STRIDE = 100
 #: Viewers treat pid/tid 0 specially and tids as unique across processes (Linux semantics), so
 #: rank r is pid r+1 and its tracks are tids (r+1)*_TID_BASE + track*_LANE_STRIDE + lane.
 _TID_BASE = 1000
-_DDP_OPS = frozenset({"ddp_init", "ddp_forward", "ddp_backward", "join", "join_enter"})
+_DDP_OPS = ops.DDP_OPS
 #: Top-level intervals remembered per lane to check nesting (older ones are forgotten).
 _LANE_MEMORY = 4096
 
@@ -360,11 +362,11 @@ def _stream_rank(out: _Writer, rt, pid: int, offset_us: int, window, findings: l
                 exit_rec = rec
                 # In flight at exit; a call may still complete after this record (killed peers
                 # make it raise), and then its own record closes it below.
-                for inf in rec.get("inflight") or []:
-                    if isinstance(inf, list) and len(inf) >= 5:
-                        open_calls.setdefault((str(inf[1]), _num(inf[2]), str(inf[0])),
-                                              {"op": inf[0], "g": inf[1], "s": inf[2], "site": inf[3],
-                                               "ts": inf[4]})
+                for inf in map(InFlight.decode, rec.get("inflight") or []):
+                    if inf is not None:
+                        open_calls.setdefault((str(inf.g), _num(inf.s), str(inf.op)),
+                                              {"op": inf.op, "g": inf.g, "s": inf.s, "site": inf.site,
+                                               "ts": inf.ts})
     end = last_ts
     if exit_rec is not None:
         end = max(end, _num(exit_rec.get("ts")))
@@ -406,7 +408,7 @@ def write(paths: list[str], output: str, ranks: str | None = None, window: str |
     ``ranks`` ("0-3,8") and ``window`` ("10:20", seconds from the run's start) filter what is
     written. Raises ValueError for a bad filter, TraceError for unusable input.
     """
-    from ..analysis.engine import analyze
+    from ..analysis.engine import analyze_run
     from ..analysis.run import load_run
 
     want = parse_ranks(ranks)
@@ -419,7 +421,7 @@ def write(paths: list[str], output: str, ranks: str | None = None, window: str |
         raise ValueError(f"--ranks {ranks}: none of these ranks is in the run "
                          f"(ranks found: {fmt_ranks(run.ranks)})")
     try:
-        findings, _notes = analyze(run)
+        findings = analyze_run(run).findings
     except Exception as exc:  # the timeline is still worth having without the findings
         findings = []
         print(f"ddpdoctor: warning: the checks could not run ({type(exc).__name__}: {exc}); "

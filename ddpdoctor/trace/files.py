@@ -16,6 +16,16 @@ import threading
 SCHEMA_VERSION = 1
 SUFFIX = ".jsonl"
 PREFIX = "rank"
+#: Written into the trace folder by a rank when the job is to be ended after a hang (--on-hang
+#: kill); the launcher watches for it.
+KILL_MARKER = "HANG_KILL"
+#: faulthandler's stack dumps (SIGTERM, SIGUSR2, a fatal error) beside a rank's trace file.
+STACKS_SUFFIX = ".stacks.txt"
+
+
+def stacks_path(trace_path: str) -> str:
+    """The stack-dump file beside a trace file."""
+    return trace_path[: -len(SUFFIX)] + STACKS_SUFFIX
 
 
 def trace_file_name(rank: int, host: str, pid: int, attempt: int) -> str:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 
+from ..trace import ops
 from ..trace.ranges import fmt_ranks
-from ..trace.sourceinfo import is_rank_dependent, loop_left
+from ..trace.sourceinfo import is_rank_dependent
+from . import blame
 
 # Verdicts. "stall" means some ranks wait while others still run Python code: it may resolve.
 DIVERGED, DEAD, STALL, ELSEWHERE, BACKEND = "diverged", "rank-gone", "stall", "other-group", "backend"
@@ -27,8 +29,7 @@ def _where(site: dict | None) -> str:
 
 def _op_label(st: dict) -> str:
     op = st.get("op", "?")
-    label = {"ddp_forward": "DDP forward (buffers)", "ddp_backward": "DDP backward (gradients)",
-             "ddp_init": "DDP construction"}.get(op, op)
+    label = ops.label(op)
     return f"{label} #{st.get('s')}" if st.get("s") else label
 
 
@@ -124,10 +125,9 @@ def _locations(statuses: dict[int, dict], ranks: list[int], limit: int = 8) -> l
 
 
 def _minority(groups: dict[str, list[int]], statuses: dict[int, dict]) -> tuple[list[int], str]:
-    sizes = sorted(((len(v), k) for k, v in groups.items()), reverse=True)
-    majority_key = sizes[0][1]
-    if sizes[0][0] > sizes[1][0]:
-        culprit = sorted(r for k, v in groups.items() if k != majority_key for r in v)
+    found = blame.minority(groups)
+    if found is not None:
+        majority_key, culprit = found
         maj = groups[majority_key]
         maj_label = _op_label(statuses[maj[0]]) if majority_key != "desync" else "other calls"
         mine = {(_op_label(statuses[r])) for r in culprit if statuses.get(r, {}).get("state") == "collective"}
@@ -148,32 +148,18 @@ def _minority(groups: dict[str, list[int]], statuses: dict[int, dict]) -> tuple[
         return sorted(groups[k]), (f"uneven inputs: it is in a DDP step after {steps[k]} backward "
                                    f"passes, the others ran {others} ({labels})")
     # Otherwise blame the side whose call sits under a rank-dependent condition the others do not.
-    flagged = []
-    for k, rs in groups.items():
-        mine = _rank_conds(statuses.get(rs[0], {}))
-        theirs = set()
-        for k2, rs2 in groups.items():
-            if k2 != k:
-                theirs |= {(c[0], c[1]) for c in _rank_conds(statuses.get(rs2[0], {}))}
-        if any((c[0], c[1]) not in theirs for c in mine):
-            flagged.append(k)
-    if len(flagged) == 1:
-        return sorted(groups[flagged[0]]), f"the ranks disagree ({labels}); its call is under a " \
-                                           "rank-dependent condition"
+    conds = {k: (statuses.get(rs[0], {}).get("site") or {}).get("conds") or [] for k, rs in groups.items()}
+    flagged = blame.conditioned_side(conds)
+    if flagged is not None:
+        return sorted(groups[flagged]), f"the ranks disagree ({labels}); its call is under a " \
+                                        "rank-dependent condition"
     # One side still inside a loop the other has left through a conditional break/return.
-    for k, rs in groups.items():
-        mine = (statuses.get(rs[0], {}).get("site") or {}).get("conds") or []
-        for k2, rs2 in groups.items():
-            if k2 == k:
-                continue
-            theirs = (statuses.get(rs2[0], {}).get("site") or {}).get("conds") or []
-            found = loop_left(mine, theirs)
-            exits = [e for e in (found or {}).get("exits", []) if e[2]]
-            if found and exits:
-                base = os.path.basename(found["file"])
-                return sorted(rs2), (f"the ranks disagree ({labels}); it left the loop at {base}:"
-                                     f"{found['line']} `{found['text']}` early, through {base}:{exits[0][0]} "
-                                     f"`{exits[0][1]}` under {base}:{exits[0][2]} `{exits[0][3]}`")
+    for _k, k2, loop, exits in blame.left_loops(conds):
+        if exits:
+            base = os.path.basename(loop["file"])
+            return sorted(groups[k2]), (f"the ranks disagree ({labels}); it left the loop at {base}:"
+                                        f"{loop['line']} `{loop['text']}` early, through {base}:{exits[0][0]} "
+                                        f"`{exits[0][1]}` under {base}:{exits[0][2]} `{exits[0][3]}`")
     return [], f"the ranks disagree ({labels})"
 
 

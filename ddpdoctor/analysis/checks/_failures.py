@@ -24,6 +24,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from ...trace.files import stacks_path
+from ...trace.records import InFlight
 from .base import Context
 from .base import fmt as base_fmt
 
@@ -137,9 +139,9 @@ def in_flight(ctx: Context, rank: int) -> list[dict]:
     ex = rt.exit_record()
     cands: list[dict] = []
     if ex is not None:
-        for inf in ex.get("inflight") or []:
-            if isinstance(inf, list) and len(inf) >= 5:
-                cands.append({"op": inf[0], "g": inf[1], "s": inf[2], "site": inf[3], "ts": inf[4],
+        for inf in map(InFlight.decode, ex.get("inflight") or []):
+            if inf is not None:
+                cands.append({"op": inf.op, "g": inf.g, "s": inf.s, "site": inf.site, "ts": inf.ts,
                               "exit": True})
     cands.extend(r for r in rt.records("pending"))
     for c in cands:
@@ -165,16 +167,18 @@ def in_flight(ctx: Context, rank: int) -> list[dict]:
 def _stack_dump(path: str) -> bool:
     """Whether faulthandler wrote a stack dump next to the trace (a SIGTERM or SIGUSR2)."""
     try:
-        return os.path.getsize(path[: -len(".jsonl")] + ".stacks.txt") > 0
+        return os.path.getsize(stacks_path(path)) > 0
     except OSError:
         return False
 
 
 def endings(ctx: Context) -> dict[int, Ending]:
+    """See _compute_endings; computed once per context."""
+    return ctx.shared("endings:_failures", _compute_endings)
+
+
+def _compute_endings(ctx: Context) -> dict[int, Ending]:
     """Every rank's ending, classified (cached on the context)."""
-    cached = ctx.__dict__.get("_ddpdoctor_endings")
-    if cached is not None:
-        return cached
     out: dict[int, Ending] = {}
     hang_seen = False
     for r, rt in ctx.run.ranks.items():
@@ -221,7 +225,6 @@ def endings(ctx: Context) -> dict[int, Ending]:
             e.comm = ""  # a generic RuntimeError raised outside any collective is the user's own
         out[r] = e
     _classify(out, hang_seen)
-    ctx.__dict__["_ddpdoctor_endings"] = out
     return out
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable
 
+from ...verdict import blame
 from .base import Context, fmt
 
 
@@ -49,7 +50,7 @@ def describe(groups: dict[object, list[int]], show: Callable[[object], str] = st
 
 def minority(groups: dict[object, list[int]]) -> list[int]:
     """Ranks outside the largest group when it is strictly the largest, else all ranks."""
-    sizes = [len(rs) for rs in groups.values()]
-    if len(sizes) > 1 and sizes[0] > sizes[1]:
-        return sorted(r for rs in list(groups.values())[1:] for r in rs)
+    found = blame.minority(groups)
+    if found is not None:
+        return found[1]
     return sorted(r for rs in groups.values() for r in rs)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .base import Check, Context, fmt
+from ...verdict import blame
+from .base import Check, Context, Divergence, fmt
 
 _FIELDS = (("x", "tensors"), ("rop", "reduce op"), ("root", "root rank"), ("groot", "root rank"),
            ("nobj", "object count"))
@@ -17,6 +18,11 @@ class CollectiveMismatch(Check):
     title = "Same collective, different shapes/dtypes/reduce ops/roots across ranks"
     fix = ("Pass tensors of the same shape and dtype, the same reduce op and the same root on every "
            "rank; pad variable-sized data (or all_gather the sizes first) before the collective.")
+
+    def explains(self, ctx: Context, divergence: Divergence) -> bool:
+        # Ranks that passed different sizes to a collective leave it at different times and
+        # drift apart: the mismatch before the divergence is the root cause.
+        return any(m.seq < divergence.point.seq for m in ctx.mismatches.get(divergence.group, []))
 
     def run(self, ctx: Context):
         findings = []
@@ -37,11 +43,8 @@ class CollectiveMismatch(Check):
                 sizes = defaultdict(list)
                 for r, ev in p.events.items():
                     sizes[str(ev.get("x", ""))].append(r)
-                minority = []
-                if len(sizes) > 1:
-                    ordered = sorted(sizes.values(), key=len)
-                    if len(ordered[-1]) > len(ordered[-2]):
-                        minority = [r for rs in ordered[:-1] for r in rs]
+                found = blame.minority(sizes)
+                minority = found[1] if found is not None else []
                 locs = [ctx.loc(r, ev.get("site")) for r, ev in sorted(p.events.items())][:8]
                 where = ctx.where(min(p.events), p.events[min(p.events)].get("site"))
                 msg = (f"{op} #{p.seq} in process group {group} ({where}) differs across ranks: "

@@ -9,7 +9,7 @@ from collections import defaultdict
 from ..findings import Location
 from . import _failures
 from ._failures import fmt
-from .base import Check, Context
+from .base import Check, Context, Divergence, Kind
 
 
 def explains(ctx: Context, point) -> bool:
@@ -45,6 +45,12 @@ class CollectiveMisuse(Check):
     severity = "error"
     title = "Collective used outside the process group's lifetime, or groups created inconsistently"
     fix = _FIX_LIFETIME + " " + _FIX_GROUPS
+    kinds = {"lifetime": Kind(title="Collective called outside the process group's lifetime", fix=_FIX_LIFETIME),
+             "members": Kind(title="Ranks created a process group with different members", fix=_FIX_GROUPS)}
+
+    def explains(self, ctx: Context, divergence: Divergence) -> bool:
+        # A call that failed for want of a process group.
+        return explains(ctx, divergence.point)
 
     def run(self, ctx: Context):
         return self._lifetime_errors(ctx) + self._group_members(ctx)
@@ -105,8 +111,7 @@ class CollectiveMisuse(Check):
             if len(ranks) < len(ctx.run.ranks):
                 msg += "; the ranks that did reach it in time wait for this one and hang or fail"
             msg += "."
-            findings.append(self.finding(msg[:1].upper() + msg[1:], ranks, locs, fix=_FIX_LIFETIME,
-                                         title="Collective called outside the process group's lifetime",
+            findings.append(self.finding(msg[:1].upper() + msg[1:], ranks, locs, kind="lifetime",
                                          evidence=[[fmt(ranks), f"{op} {ctx_txt}", where]],
                                          data={"kind": "lifetime", "when": when, "op": op}))
         return findings
@@ -139,7 +144,6 @@ class CollectiveMisuse(Check):
                    "they share a group they do not: collectives on it hang, fail, or exchange data "
                    "with the wrong peers.")
             all_ranks = sorted({x for ranks, _ in variants.values() for x in ranks})
-            findings.append(self.finding(msg[:1].upper() + msg[1:], all_ranks, locs[:8], evidence=evidence, fix=_FIX_GROUPS,
-                                         title="Ranks created a process group with different members",
-                                         data={"kind": "members", "group": g}))
+            findings.append(self.finding(msg[:1].upper() + msg[1:], all_ranks, locs[:8], evidence=evidence,
+                                         kind="members", data={"kind": "members", "group": g}))
         return findings

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ...trace import ops
 from .base import Check, Context, fmt
 
 #: Ops that combine values across ranks (broadcast only copies identical values: harmless here).
-_REDUCING = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
-                       "reduce_scatter_tensor"})
+_REDUCING = ops.REDUCING
 #: Reduce ops under which a second reduction changes the values (not just wastes bandwidth).
 _CHANGING = frozenset({"SUM", "PRODUCT", "?", ""})
 

@@ -5,46 +5,37 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 
+from ...trace import ops
+from ...verdict import blame
 from ..findings import Location
-from . import _failures
-from . import collective_misuse as misuse
-from . import p2p_mismatch as p2p
-from . import uneven_inputs as uneven
-from .base import Check, Context, fmt
-
-_DDP_DESC = {"ddp_forward": "a DDP forward (it broadcasts buffers)",
-             "ddp_backward": "a DDP backward (it all-reduces gradients)",
-             "ddp_init": "DDP construction (it broadcasts parameters)"}
+from .base import Check, Context, Divergence, fmt
 
 
 def describe_op(op: str | None, ev: dict | None) -> str:
     if op is None:
         return "no further call"
-    base = _DDP_DESC.get(op, op)
+    base = ops.describe(op)
     return f"{base} #{ev.get('s')}" if ev and ev.get("s") else base
 
 
-def culprit(ctx: Context, by_op: dict, point) -> tuple[list[int], str]:
-    """Ranks to blame, by comparing ranks: the minority; on a tie, the side whose call sits
-    under a rank-dependent condition the others do not pass. Never "rank 0 is right"."""
-    sizes = sorted(((len(rs), op) for op, rs in by_op.items()), key=lambda t: (t[0], str(t[1])),
-                   reverse=True)
-    if len(sizes) >= 2 and sizes[0][0] > sizes[1][0]:
-        majority = sizes[0][1]
-        return sorted(r for op, rs in by_op.items() if op != majority for r in rs), "minority"
-    flagged = []
+def _side_conds(ctx: Context, by_op: dict, point) -> dict:
+    """Per side, the branch headers around its first rank's call (none for ranks with no call)."""
+    out = {}
     for op, rs in by_op.items():
-        r = rs[0]
-        ev = point.events[r]
-        if ev is None:
-            continue
-        others = [(o, point.events[o].get("site")) for op2, rs2 in by_op.items() if op2 != op
-                  for o in rs2[:1] if point.events[o] is not None]
-        conds = ctx.split_conditions(r, ev.get("site"), others)
-        if any(c.role == "condition" for c in conds):
-            flagged.append(op)
-    if len(flagged) == 1:
-        return sorted(by_op[flagged[0]]), "condition"
+        ev = point.events[rs[0]]
+        out[op] = (ctx.site(rs[0], ev.get("site")).get("conds") or []) if ev is not None else []
+    return out
+
+
+def culprit(ctx: Context, by_op: dict, point) -> tuple[list[int], str]:
+    """Ranks to blame, by comparing ranks (see ``verdict.blame``): the minority; on a tie, the
+    side whose call sits under a rank-dependent condition the others do not pass."""
+    found = blame.minority(by_op)
+    if found is not None:
+        return found[1], "minority"
+    flagged = blame.conditioned_side(_side_conds(ctx, by_op, point))
+    if flagged is not None:
+        return sorted(by_op[flagged]), "condition"
     return [], "tie"
 
 
@@ -71,36 +62,21 @@ def loop_split(ctx: Context, by_op: dict, point) -> dict | None:
     early exits (``break``/``return`` under a condition), and blame the side that left when
     the loop has such exits (a decision on a rank-local value); with none, the loop simply ran
     a different number of times (different data lengths) and nobody is blamed."""
-    from ddpdoctor.trace.sourceinfo import loop_left
-
-    sides = [(op, rs) for op, rs in by_op.items()]
-    for op, rs in sides:
-        ev = point.events[rs[0]]
-        if ev is None:
-            continue
-        mine = ctx.site(rs[0], ev.get("site")).get("conds") or []
-        for op2, rs2 in sides:
-            if op2 == op:
-                continue
-            ev2 = point.events[rs2[0]]
-            theirs = ctx.site(rs2[0], ev2.get("site")).get("conds") or [] if ev2 is not None else []
-            found = loop_left(mine, theirs)
-            if found is None:
-                continue
-            base = os.path.basename(found["file"])
-            text = (f"{fmt(rs2)} left the loop at {base}:{found['line']} `{found['text']}` that "
-                    f"{fmt(rs)} {'is' if len(rs) == 1 else 'are'} still in")
-            locs = [Location(rs2[0], found["file"], found["line"], "", found["text"], "loop")]
-            exits = [e for e in found["exits"] if e[2]]
-            if exits:
-                e = exits[0]
-                text += (f"; the loop exits early at {base}:{e[0]} `{e[1]}` under {base}:{e[2]} `{e[3]}`: "
-                         "a condition on a rank-local value lets ranks leave it at different iterations.")
-                locs.append(Location(rs2[0], found["file"], e[2], "", e[3], "condition"))
-                locs.append(Location(rs2[0], found["file"], e[0], "", e[1], "exit"))
-                return {"culprit": sorted(rs2), "text": text, "locations": locs}
-            text += ": the ranks ran it a different number of times (different data lengths?)."
-            return {"culprit": [], "text": text, "locations": locs}
+    for op, op2, found, exits in blame.left_loops(_side_conds(ctx, by_op, point)):
+        rs, rs2 = by_op[op], by_op[op2]
+        base = os.path.basename(found["file"])
+        text = (f"{fmt(rs2)} left the loop at {base}:{found['line']} `{found['text']}` that "
+                f"{fmt(rs)} {'is' if len(rs) == 1 else 'are'} still in")
+        locs = [Location(rs2[0], found["file"], found["line"], "", found["text"], "loop")]
+        if exits:
+            e = exits[0]
+            text += (f"; the loop exits early at {base}:{e[0]} `{e[1]}` under {base}:{e[2]} `{e[3]}`: "
+                     "a condition on a rank-local value lets ranks leave it at different iterations.")
+            locs.append(Location(rs2[0], found["file"], e[2], "", e[3], "condition"))
+            locs.append(Location(rs2[0], found["file"], e[0], "", e[1], "exit"))
+            return {"culprit": sorted(rs2), "text": text, "locations": locs}
+        text += ": the ranks ran it a different number of times (different data lengths?)."
+        return {"culprit": [], "text": text, "locations": locs}
     return None
 
 
@@ -115,25 +91,13 @@ class DivergentCollectives(Check):
 
     def run(self, ctx: Context):
         findings = []
-        failed = ctx.failed_ranks()
-        roots = _failures.root_causes(ctx) if ctx.enabled("DD008") else set()
         for group, p in ctx.divergences.items():
-            if ctx.enabled("DD002") and any(m.seq < p.seq for m in ctx.mismatches.get(group, [])):
-                # Ranks that passed different sizes to a collective leave it at different
-                # times and drift apart: DD002 reports that root cause.
-                continue
             by_op: dict = defaultdict(list)
             for r, ev in sorted(p.events.items()):
                 by_op[(ev or {}).get("op")].append(r)
-            stopped = by_op.get(None, [])
-            if stopped and all(r in roots for r in stopped) and len(by_op) == 2:
-                continue  # the sequence ended because the rank died: rank-failed owns it
-            if uneven.explains(ctx, group, p):
-                continue  # a DDP step against nothing/another op: uneven-inputs explains it
-            if stopped and p2p.explains(ctx, stopped):
-                continue  # the stopped ranks sit in a mismatched send/recv: p2p-mismatch explains it
-            if misuse.explains(ctx, p):
-                continue  # a call that failed for want of a process group: collective-misuse
+            div = Divergence(group, p, by_op, by_op.get(None, []))
+            if any(c.explains(ctx, div) for c in ctx.checks if c.id != self.id):
+                continue  # another check reports the root cause (mismatch, rank failure, uneven inputs...)
             blame, why = culprit(ctx, by_op, p)
             loop = loop_split(ctx, by_op, p) if not blame else None
             if loop is not None and loop["culprit"]:
@@ -146,7 +110,7 @@ class DivergentCollectives(Check):
                 if ev is None:
                     n = {p.counts.get(r, 0) for r in rs}
                     parts.append(f"{fmt(rs)} made no call #{p.seq} (they issued {'/'.join(map(str, sorted(n)))} "
-                                 f"in this group{', then exited' if all(r in failed or self._exited(ctx, r) for r in rs) else ''})")
+                                 "in this group, then exited)")
                     evidence.append([fmt(rs), "no call", "-"])
                     continue
                 sid = ev.get("site")
@@ -180,8 +144,3 @@ class DivergentCollectives(Check):
                                          data={"group": group, "seq": p.seq, "culprit": blame,
                                                "ops": {str(k): v for k, v in by_op.items()}}))
         return findings
-
-    @staticmethod
-    def _exited(ctx: Context, r: int) -> bool:
-        ex = ctx.run.ranks[r].exit_record()
-        return ex is not None

@@ -13,7 +13,7 @@ from collections import defaultdict
 from ddpdoctor.verdict import hang as hangdiag
 
 from ..findings import Location
-from .base import Check, Context, fmt
+from .base import Check, Context, Kind, fmt
 
 
 class Hang(Check):
@@ -24,6 +24,10 @@ class Hang(Check):
     fix = ("Look at the culprit's line: make every rank reach the same collective (no rank-dependent "
            "branch around it, same number of steps), or raise the hang timeout if the wait is "
            "legitimately long (e.g. rank 0 alone writing a large checkpoint).")
+    kinds = {"resolved": Kind(
+        severity="warning", title="Slow rank: a collective waited past the hang timeout, then completed",
+        fix="If this wait is expected (rank 0 writing a checkpoint, a slow data load), raise "
+            "--hang-timeout; otherwise balance the work so ranks arrive together.")}
 
     def run(self, ctx: Context):
         reporters: dict[int, tuple[int, dict]] = {}
@@ -80,11 +84,7 @@ class Hang(Check):
         if resolved_after is not None:
             return self.finding(
                 head + f" It then completed after {resolved_after:.1f} s: a slow rank, not a hang.",
-                culprit or [int(diag.get("reporter", 0))], locs, severity="warning",
-                title="Slow rank: a collective waited past the hang timeout, then completed",
-                fix="If this wait is expected (rank 0 writing a checkpoint, a slow data load), raise "
-                    "--hang-timeout; otherwise balance the work so ranks arrive together.",
-                evidence=rows, data={"episode": ep, "diagnosis": diag, "resolved_after_s": resolved_after})
+                culprit or [int(diag.get("reporter", 0))], locs, kind="resolved", evidence=rows, data={"episode": ep, "diagnosis": diag, "resolved_after_s": resolved_after})
         return self.finding(head, culprit or [int(diag.get("reporter", 0))], locs, evidence=rows,
                             data={"episode": ep, "diagnosis": diag})
 

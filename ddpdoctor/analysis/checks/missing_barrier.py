@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..findings import Location
-from .base import Check, Context, fmt
+from .base import Check, Context, Kind, fmt
 
 #: Lock files (the ``filelock`` convention): ranks that open the same one before touching a
 #: path synchronise through it, which the collectives cannot show.
@@ -218,6 +218,10 @@ class MissingBarrier(Check):
     fix = ("Order the file operations with a collective: write on one rank, then dist.barrier() on "
            "all ranks, then read (`if rank == 0: torch.save(...)`, `dist.barrier()`, "
            "`torch.load(...)`). Let one rank write a shared path, or give each rank its own file name.")
+    kinds = {"multi-write": Kind(
+        severity="warning", title="Several ranks write the same file concurrently",
+        fix=("Write shared files from one rank (`if dist.get_rank() == 0:`) followed by "
+             "dist.barrier(), or use a per-rank file name."))}
 
     def run(self, ctx: Context):
         by_path, locks = _accesses(ctx)
@@ -336,10 +340,7 @@ class MissingBarrier(Check):
                f"{ctx.where(y.rank, y.site)}. The last one wins by timing; concurrent writes can "
                f"interleave into a corrupt file, and a remove can fail on the rank that comes second.")
         locs = [self._loc(ctx, x, "write"), self._loc(ctx, y, "write")]
-        return self.finding(msg, ranks, locs, severity="warning",
-                            title="Several ranks write the same file concurrently",
-                            fix=("Write shared files from one rank (`if dist.get_rank() == 0:`) followed by "
-                                 "dist.barrier(), or use a per-rank file name."),
+        return self.finding(msg, ranks, locs, kind="multi-write",
                             data={"path": path, "paths": paths[:20], "count": len(paths), "op": "multi-write"})
 
     @staticmethod

@@ -13,7 +13,7 @@ from collections import defaultdict
 from ..load import iter_records
 from . import _failures
 from ._failures import fmt
-from .base import Check, Context
+from .base import Check, Context, Divergence
 
 
 def _parse(key: str) -> tuple[str, str, str] | None:
@@ -45,11 +45,13 @@ def _meta(rec: dict | None) -> str:
 
 
 def analyse(ctx: Context) -> list[dict]:
+    """See _compute_channels; computed once per context."""
+    return ctx.shared("analyse:p2p_mismatch", _compute_channels)
+
+
+def _compute_channels(ctx: Context) -> list[dict]:
     """Mismatched channels (cached): dicts with group, src, dst, kind, counts and the records of
     the first message where sender and receiver part."""
-    cached = ctx.__dict__.get("_ddpdoctor_p2p")
-    if cached is not None:
-        return cached
     ranks = ctx.run.ranks
     wildcard: set[tuple[str, str]] = set()  # (group, dst) with a recv from any source
     channels: set[tuple[str, str, str]] = set()
@@ -105,7 +107,6 @@ def analyse(ctx: Context) -> list[dict]:
         bad.append({"g": g, "src": None, "dst": d, "key": f"{g}:?>{dst}", "sent": sent,
                     "received": recvd, "kind": "count"})
     _first_difference(ctx, bad)
-    ctx.__dict__["_ddpdoctor_p2p"] = bad
     return bad
 
 
@@ -154,6 +155,10 @@ class P2PMismatch(Check):
     fix = ("Pair every send with exactly one recv on the peer, in the same order, with the same shape "
            "and dtype (same count of objects for send_object_list), in the same process group; send "
            "the size first when it varies. With isend/irecv, wait() on every request.")
+
+    def explains(self, ctx: Context, divergence: Divergence) -> bool:
+        # The ranks with no call sit in a mismatched send/recv.
+        return bool(divergence.stopped) and explains(ctx, divergence.stopped)
 
     def run(self, ctx: Context):
         findings = []

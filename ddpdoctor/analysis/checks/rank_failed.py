@@ -14,7 +14,7 @@ from collections import defaultdict
 from ..findings import Location
 from . import _failures
 from ._failures import fmt, short_error
-from .base import Check, Context
+from .base import Check, Context, Divergence
 
 
 def _call(ctx: Context, r: int, ev: dict | None) -> str:
@@ -33,6 +33,12 @@ class RankFailed(Check):
            "closed by peer, timeouts) are consequences. To survive a per-rank error, catch it and "
            "agree on the outcome with a collective (all-reduce a failure flag so that every rank "
            "skips or stops together); for crashes, checkpoint and restart with torchrun --max-restarts.")
+
+    def explains(self, ctx: Context, divergence: Divergence) -> bool:
+        # The sequence ended because the ranks with no call died of a root cause.
+        roots = _failures.root_causes(ctx)
+        return (bool(divergence.stopped) and all(r in roots for r in divergence.stopped)
+                and len(divergence.by_op) == 2)
 
     def run(self, ctx: Context):
         ends = _failures.endings(ctx)

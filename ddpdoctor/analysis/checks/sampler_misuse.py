@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ._records import aligned, by_value, describe, minority
-from .base import Check, Context, fmt
+from .base import Check, Context, Kind, fmt
 
 
 def _created(rec: dict):
@@ -29,6 +29,15 @@ class SamplerMisuse(Check):
     severity = "warning"
     title = "DistributedSampler misuse"
     fix = "Call sampler.set_epoch(epoch) at the start of every epoch, on every rank, with the same epoch."
+    kinds = {
+        "no-set-epoch": Kind(title="DistributedSampler without set_epoch: same order every epoch"),
+        "epoch-mismatch": Kind(severity="error", title="DistributedSampler epochs differ across ranks",
+                               fix="Call sampler.set_epoch(epoch) with the same epoch number on every rank."),
+        "padding": Kind(title="Evaluation sampler pads with duplicate samples",
+                        fix=("Evaluate the remainder separately, drop the padded predictions after "
+                             "gathering (keep the first len(dataset)), or use drop_last=True where "
+                             "losing the remainder is acceptable.")),
+    }
 
     def run(self, ctx: Context):
         findings = []
@@ -84,8 +93,7 @@ class SamplerMisuse(Check):
                    f"in the same order, which defeats shuffling.")
             out.append(self.finding(msg, ent["ranks"], [ctx.loc(rank, _created(rec), "sampler"),
                                                         ctx.loc(rank, rec.get("site"), "iteration")],
-                                    title="DistributedSampler without set_epoch: same order every epoch",
-                                    data={"what": "no-set-epoch", "iterations": ent["iters"]}))
+                                    kind="no-set-epoch", data={"what": "no-set-epoch", "iterations": ent["iters"]}))
         return out
 
     # -- epochs that differ across ranks ----------------------------------------------------------
@@ -116,9 +124,7 @@ class SamplerMisuse(Check):
                    f"others by none.")
             out.append(self.finding(msg, minority(groups), [ctx.loc(r0, _created(s0), "sampler"),
                                                             ctx.loc(r0, s0.get("site"), "iteration")],
-                                    severity="error", title="DistributedSampler epochs differ across ranks",
-                                    fix="Call sampler.set_epoch(epoch) with the same epoch number on every rank.",
-                                    data={"what": "epoch-mismatch",
+                                    kind="epoch-mismatch", data={"what": "epoch-mismatch",
                                           "epochs": {str(k): v for k, v in groups.items()}}))
             break  # the first mismatch is the one to fix; later ones follow from it
         return out
@@ -152,9 +158,5 @@ class SamplerMisuse(Check):
                    f"{fmt(padded)}). If it feeds evaluation, metrics summed or averaged over the ranks count those samples "
                    f"twice.")
             out.append(self.finding(msg, sorted(ent["ranks"]), [ctx.loc(rank, _created(rec), "sampler")],
-                                    title="Evaluation sampler pads with duplicate samples",
-                                    fix=("Evaluate the remainder separately, drop the padded predictions after "
-                                         "gathering (keep the first len(dataset)), or use drop_last=True where "
-                                         "losing the remainder is acceptable."),
-                                    data={"what": "padding", "n": n, "replicas": replicas, "duplicates": dup}))
+                                    kind="padding", data={"what": "padding", "n": n, "replicas": replicas, "duplicates": dup}))
         return out

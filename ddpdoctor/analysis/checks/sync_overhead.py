@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..load import BARRIER_OPS
+from ...trace import ops
+from ...trace.ops import BARRIER_OPS
 from ._failures import fmt
 from .base import Check, Context
 
@@ -24,9 +25,8 @@ MIN_LOST_S = 1.0
 #: ... and this fraction of the run, over at least MIN_REPEATS collectives.
 MIN_LOST_FRACTION = 0.10
 #: Ops whose duration is not waiting for peers (one-off construction).
-_NOT_WAITS = frozenset({"ddp_init", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
-                        "split_group"})
-_DDP_STEPS = frozenset({"ddp_forward", "ddp_backward"})
+_NOT_WAITS = ops.CONSTRUCTION
+_DDP_STEPS = ops.DDP_STEPS
 
 
 def _s(us: float) -> str:

@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 
 from ddpdoctor.trace.ranges import fmt_ranks
 
+from ...trace import ops
 from ..findings import Location
 from . import _failures
 from ._failures import fmt
-from .base import Check, Context
+from .base import Check, Context, Divergence
 
-_STEP_OPS = ("ddp_forward", "ddp_backward")
+_STEP_OPS = ops.DDP_STEPS
 
 
 @dataclass
@@ -55,10 +56,12 @@ def rank_steps(ctx: Context, r: int) -> Steps:
 
 
 def analyse(ctx: Context) -> list[Uneven]:
+    """See _compute_uneven; computed once per context."""
+    return ctx.shared("analyse:uneven_inputs", _compute_uneven)
+
+
+def _compute_uneven(ctx: Context) -> list[Uneven]:
     """Clusters of ranks training the same DDP groups whose step counts differ (cached)."""
-    cached = ctx.__dict__.get("_ddpdoctor_uneven")
-    if cached is not None:
-        return cached
     clusters: dict[frozenset, list[int]] = defaultdict(list)
     for r, rt in ctx.run.ranks.items():
         gs = frozenset(str(d.get("g", "0")) for d in rt.records("ddp"))
@@ -97,7 +100,6 @@ def analyse(ctx: Context) -> list[Uneven]:
             if _rank_condition(ctx, p):
                 u.owned_by_divergence = True
         out.append(u)
-    ctx.__dict__["_ddpdoctor_uneven"] = out
     return out
 
 
@@ -156,6 +158,10 @@ class UnevenInputs(Check):
            "length, or wrap the loop in `with torch.distributed.algorithms.Join([model]):` so that "
            "ranks that run out of data shadow the others' all-reduces. Never skip a step (`continue`, "
            "`break`) on one rank only.")
+
+    def explains(self, ctx: Context, divergence: Divergence) -> bool:
+        # A DDP step against nothing or another op.
+        return explains(ctx, divergence.group, divergence.point)
 
     def run(self, ctx: Context):
         findings = []

@@ -15,8 +15,9 @@ import weakref
 import zlib
 
 from .. import recorder as recorder_mod
+from . import WRAPPED
 
-_MARK = "__ddpdoctor_wrapped__"
+_MARK = WRAPPED
 
 
 def _digest(values, limit: int = 4096) -> str:

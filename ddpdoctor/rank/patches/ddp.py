@@ -19,9 +19,11 @@ import threading
 import weakref
 import zlib
 
+from ...trace.records import InFlight
 from .. import recorder as recorder_mod
+from . import WRAPPED
 
-_MARK = "__ddpdoctor_wrapped__"
+_MARK = WRAPPED
 #: Identity without id(), which raises an audit event (a call into every audit hook) per use.
 _identity = object.__hash__
 
@@ -158,7 +160,7 @@ def patch() -> None:
             rec.internal_error(exc)
             return orig_init(self, module, *args, **kwargs)
         key = ("ddp_init", id(self))
-        rec.inflight[key] = ("ddp_init", gname, seq, site, start)
+        rec.inflight[key] = InFlight("ddp_init", gname, seq, site, start)
         rec.local.depth = 1
         try:
             orig_init(self, module, *args, **kwargs)

@@ -11,6 +11,7 @@ import signal
 import sys
 import traceback
 
+from ...trace import files, records
 from .. import callsite
 
 _installed = False
@@ -25,18 +26,28 @@ def _user_frame(tb) -> tuple[str, int, str]:
     return best
 
 
+def exception_exit(rec, exc: BaseException, inflight: list, **extra) -> dict:
+    """The ``exit`` record of an uncaught exception: its message, the user's line, the stack."""
+    file, line, func = _user_frame(exc.__traceback__)
+    stack = [[fs.filename, fs.lineno, fs.name, (fs.line or "").strip()]
+             for fs in traceback.extract_tb(exc.__traceback__)[-8:]]
+    return records.exit_record("exception", exc=f"{type(exc).__name__}: {exc}"[:1000], file=file, line=line,
+                               func=func, stack=stack, ts=rec.now_us(), inflight=inflight, **extra)
+
+
+def normal_exit(rec, **extra) -> dict:
+    """The ``exit`` record of a rank that ended normally: its position and pending async work."""
+    return records.exit_record("normal", ts=rec.now_us(), events=rec.events, seq=rec.position(),
+                               pending_async=len(rec.async_pending), **extra)
+
+
 def record_exception(rec, exc: BaseException) -> None:
-    if getattr(rec, "_exit_recorded", False) or isinstance(exc, SystemExit):
+    if rec.exit_recorded or isinstance(exc, SystemExit):
         return
     try:
-        file, line, func = _user_frame(exc.__traceback__)
-        stack = [[fs.filename, fs.lineno, fs.name, (fs.line or "").strip()]
-                 for fs in traceback.extract_tb(exc.__traceback__)[-8:]]
-        info = {"t": "exit", "how": "exception", "exc": f"{type(exc).__name__}: {exc}"[:1000],
-                "file": file, "line": line, "func": func, "stack": stack, "ts": rec.now_us(),
-                "inflight": _inflight(rec)}
+        info = exception_exit(rec, exc, records.inflight_list(rec.inflight))
         rec.emit(info)
-        rec._exit_recorded = True
+        rec.exit_recorded = True
         rec.exit_info = {k: info[k] for k in ("how", "exc", "file", "line", "func")}
         if rec.watchdog is not None:
             rec.watchdog.publish_exit({k: info[k] for k in ("how", "exc", "file", "line", "func")})
@@ -44,10 +55,6 @@ def record_exception(rec, exc: BaseException) -> None:
             rec.writer.sync()
     except Exception:
         pass
-
-
-def _inflight(rec) -> list:
-    return [list(v) for v in list(rec.inflight.values())]
 
 
 def install(rec) -> None:
@@ -73,11 +80,10 @@ def install(rec) -> None:
         exc = sys.exc_info()[1]
         if exc is not None:
             record_exception(rec, exc)
-        if not getattr(rec, "_exit_recorded", False) and rec.writer is not None:
-            rec._exit_recorded = True
+        if not rec.exit_recorded and rec.writer is not None:
+            rec.exit_recorded = True
             try:
-                rec.emit({"t": "exit", "how": "normal", "ts": rec.now_us(), "events": rec.events,
-                          "seq": rec.position(), "pending_async": len(rec.async_pending)})
+                rec.emit(normal_exit(rec))
                 if rec.watchdog is not None:
                     rec.watchdog.publish_exit({"how": "exited normally", "seq": rec.position()})
             except Exception:
@@ -112,18 +118,18 @@ def _install_signal_dumps(rec) -> None:
     collective and cannot run a Python signal handler. Chains to the previous handler."""
     if rec.writer is None:
         return
-    path = rec.writer.path[: -len(".jsonl")] + ".stacks.txt"
+    path = files.stacks_path(rec.writer.path)
     try:
-        rec._stacks_file = open(path, "a")  # noqa: SIM115 - must stay open for faulthandler
+        rec.stacks_file = open(path, "a")  # noqa: SIM115 - must stay open for faulthandler
         for sig in (signal.SIGTERM, signal.SIGUSR2):
             if sig == signal.SIGTERM and signal.getsignal(sig) not in (signal.SIG_DFL, None):
                 continue  # the program handles SIGTERM itself: leave it alone
-            faulthandler.register(sig, file=rec._stacks_file, all_threads=True,
+            faulthandler.register(sig, file=rec.stacks_file, all_threads=True,
                                   chain=sig == signal.SIGTERM)
         if not faulthandler.is_enabled():
             # A rank that crashes in C++ (gloo aborts on mismatched sizes) leaves its Python
             # stack here; the process still dies exactly as it would have.
-            faulthandler.enable(file=rec._stacks_file, all_threads=True)
+            faulthandler.enable(file=rec.stacks_file, all_threads=True)
     except (OSError, RuntimeError, ValueError):
         pass
 

@@ -12,6 +12,9 @@ import functools
 import os
 import sys
 
+from ...trace import files as tracefiles
+from . import WRAPPED
+
 _WATCH = {"open": None, "os.remove": "rm", "os.rename": "mv", "os.mkdir": "mkdir",
           "os.rmdir": "rm", "shutil.rmtree": "rm", "os.truncate": "w",
           # raised by our torch.save wrapper: torch writes ASCII paths from C++ (no "open" event)
@@ -122,7 +125,7 @@ def install(rec) -> None:
     ignored = _ignored_prefixes(rec)
     torch_internal = _torch_internal_test()
     is_local = _local_fs_test()
-    ignored_suffixes = (".py", ".pyc", ".so", ".pth", ".jsonl", ".stacks.txt")
+    ignored_suffixes = (".py", ".pyc", ".so", ".pth", tracefiles.SUFFIX, tracefiles.STACKS_SUFFIX)
     seen: set = set()
     state = {"n": 0}
     from .. import recorder as recorder_mod
@@ -219,7 +222,7 @@ def _patch_torch_save() -> None:
         return
     cls = getattr(serialization, "_open_zipfile_writer_file", None)
     orig = getattr(cls, "__init__", None)
-    if orig is None or getattr(orig, "__ddpdoctor_wrapped__", False):
+    if orig is None or getattr(orig, WRAPPED, False):
         return
 
     @functools.wraps(orig)
@@ -228,5 +231,5 @@ def _patch_torch_save() -> None:
             sys.audit("ddpdoctor.write", os.fspath(name))
         return orig(self, name, *args, **kwargs)
 
-    __init__.__ddpdoctor_wrapped__ = True  # type: ignore[attr-defined]
+    setattr(__init__, WRAPPED, True)
     cls.__init__ = __init__

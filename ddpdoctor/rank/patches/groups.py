@@ -7,9 +7,10 @@ from __future__ import annotations
 import functools
 import os
 
+from ...trace import ops
 from .. import recorder as recorder_mod
 
-_GROUP_MAKERS = ("new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group")
+_GROUP_MAKERS = ops.GROUP_MAKERS
 
 
 def _group_record(rec, pg, op: str, site: int | None = None) -> None:
