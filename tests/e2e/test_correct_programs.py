@@ -8,7 +8,7 @@ augmentation, object collectives, async ops, subgroups, p2p pipelines, Join with
 from __future__ import annotations
 
 import pytest
-from conftest import ROOT, findings_json, torchrun, trace
+from support.jobs import ROOT, findings_json, torchrun, trace
 
 PROGRAMS = ROOT / "tests" / "e2e" / "correct_programs"
 

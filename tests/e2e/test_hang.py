@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PY, ROOT, findings_json, free_port, torchrun, trace
+from support.jobs import PY, ROOT, findings_json, free_port, torchrun, trace
 
 CASES = ROOT / "tests" / "e2e" / "hang_programs" / "cases.py"
 HANG_TIMEOUT = "5"

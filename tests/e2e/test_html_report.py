@@ -12,8 +12,11 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import report
-from support.timeline_runs import coll, divergent_run, site, write_rank
+from support.jobs import report
+from support.timeline_runs import divergent_run
+from support.traces import site_record as site
+from support.traces import timed_coll as coll
+from support.traces import write_rank
 
 from ddpdoctor.analysis.engine import analyze
 from ddpdoctor.analysis.run import load_run

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import PY, ROOT, free_port
+from support.jobs import PY, ROOT, free_port
 
 import ddpdoctor
 

@@ -10,7 +10,7 @@ import shutil
 import signal
 from pathlib import Path
 
-from conftest import PY, findings_json, free_port, read_records, report, torchrun, trace
+from support.jobs import PY, findings_json, free_port, read_records, report, torchrun, trace
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 

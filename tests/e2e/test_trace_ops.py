@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import findings_json, read_records, torchrun, trace
+from support.jobs import findings_json, read_records, torchrun, trace
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 OPS = PROGRAMS / "trace_ops.py"

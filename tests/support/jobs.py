@@ -1,4 +1,8 @@
-"""Shared helpers for tests: run real multi-rank jobs under ``ddpdoctor trace``, bounded."""
+"""Helpers of the end-to-end tests: run real multi-rank jobs under ``ddpdoctor trace``, bounded.
+
+Every job run through :func:`trace` or :func:`run_bounded` is also checked for
+"ddpdoctor: internal error" on its stderr: ddpdoctor must never break, even where a test only
+looks at the findings."""
 
 from __future__ import annotations
 
@@ -8,12 +12,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 #: Every multi-process run is bounded by this many seconds unless a test says otherwise.
 RUN_TIMEOUT = 120
+#: What the recorder prints when ddpdoctor itself failed inside a rank (see Recorder.internal_error).
+INTERNAL_ERROR = "ddpdoctor: internal error"
+
+
+def assert_no_internal_error(res: subprocess.CompletedProcess) -> None:
+    """ddpdoctor reported no failure of its own while the job ran."""
+    for stream in (res.stderr, res.stdout):
+        assert INTERNAL_ERROR not in (stream or ""), (stream or "")[-3000:]
 
 
 def free_port() -> int:
@@ -58,7 +68,9 @@ def run_bounded(cmd: list[str], timeout: float, env: dict | None = None) -> subp
         kill_tree(proc.pid)
         out, err = proc.communicate()
         raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    res = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    assert_no_internal_error(res)
+    return res
 
 
 def report(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -86,11 +98,6 @@ def read_records(trace_dir, rank: int) -> list[dict]:
             if line.endswith("\n"):
                 out.append(json.loads(line))
     return out
-
-
-@pytest.fixture
-def tmp_trace(tmp_path):
-    return tmp_path / "trace"
 
 
 def example_reports(tmp_path_factory, category: str, names=("bad", "good"), failing=("bad",),

@@ -1,13 +1,11 @@
 """collective-misuse (DD012): collectives outside the process group's lifetime, and groups created
 with different member lists.
 
-Unit tests on hand-written traces, then the documented bad/good programs end to end."""
+Unit tests on hand-written traces (the bad/good programs run end to end in tests/e2e)."""
 
 from __future__ import annotations
 
-import pytest
-from conftest import example_reports
-from support.endkit import NO_PG, coll, raised, run_checks, write_run
+from support.traces import NO_PG, coll, raised, run_checks, write_run
 
 DESTROY = {"t": "pg", "op": "destroy", "g": "0", "site": ("train.py", 19, "dist.destroy_process_group()")}
 LATE = ("train.py", 36, "dist.all_reduce(metric)")
@@ -67,31 +65,3 @@ def test_consistent_groups_are_silent(tmp_path):
         recs.append({"t": "pg", "op": "destroy", "g": g})
         ranks[r] = recs
     assert run_checks(write_run(tmp_path, ranks), "DD012") == []
-
-
-# -- end to end ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    return example_reports(tmp_path_factory, "collective-misuse", names=("bad", "good", "bad-groups"), pg_timeout=None)
-
-
-def test_bad_example_is_found(reports):
-    mine = [x for x in reports["bad"] if x["category"] == "collective-misuse"]
-    assert len(mine) == 1 and mine[0]["ranks"] == [0, 1] and mine[0]["data"]["when"] == "after"
-    roles = {loc["role"]: loc["line"] for loc in mine[0]["locations"]}
-    assert roles == {"call": 36, "destroy": 19}
-    assert [x["id"] for x in reports["bad"] if x["severity"] == "error"] == ["DD012"]
-
-
-def test_bad_example_groups_variant(reports):
-    mine = [x for x in reports["bad-groups"] if x["category"] == "collective-misuse"]
-    assert len(mine) == 1 and mine[0]["data"]["kind"] == "members" and mine[0]["ranks"] == [0, 1]
-    assert "members [0]" in mine[0]["message"] and "members [1]" in mine[0]["message"]
-    assert mine[0]["locations"][0]["line"] == 27 and "new_group" in mine[0]["locations"][0]["source"]
-
-
-def test_good_example_is_silent(reports):
-    assert [x["id"] for x in reports["good"] if x["category"] == "collective-misuse"
-            or x["severity"] == "error"] == []

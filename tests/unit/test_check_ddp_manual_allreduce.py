@@ -1,17 +1,16 @@
 """ddp-manual-allreduce (DD005): collectives on a DDP model's gradients or parameters.
 
-Unit tests of the check on hand-written traces, of the recorder's overlap lookup on real tensors,
-then the documented bad/good programs end to end."""
+Unit tests of the check on hand-written traces and of the recorder's overlap lookup on real tensors
+(the bad/good programs run end to end in tests/e2e)."""
 
 from __future__ import annotations
 
 import types
 import weakref
 
-import pytest
 import torch
-from conftest import ROOT, example_reports
-from support.tracekit import coll, run_check, write_traces
+from support.traces import group_coll as coll
+from support.traces import run_check, write_traces
 
 from ddpdoctor.analysis.checks.ddp_manual_allreduce import DdpManualAllreduce
 from ddpdoctor.rank.patches.ddp import overlap
@@ -102,26 +101,3 @@ def test_overlap_ignores_freed_gradient_memory():
     assert overlap(rec, [old]) == ["bias.grad"]  # the map is built now
     fc.bias.grad = None  # zero_grad(set_to_none=True): the memory may now hold a logged loss
     assert overlap(rec, [old]) == []
-
-
-# -- end to end ---------------------------------------------------------------------------------
-EXAMPLES = ROOT / "checks" / "ddp-manual-allreduce"
-
-
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    return example_reports(tmp_path_factory, "ddp-manual-allreduce", failing=(), pg_timeout=None)
-
-
-def test_bad_example_is_found(reports):
-    mine = [x for x in reports["bad"] if x["category"] == "ddp-manual-allreduce"]
-    assert len(mine) == 1 and mine[0]["severity"] == "error" and mine[0]["ranks"] == [0, 1]
-    # gradient_as_bucket_view=True: both gradients named, each once
-    assert mine[0]["data"]["names"] == ["weight.grad", "bias.grad"] and mine[0]["data"]["calls"] == 12
-    bad = (EXAMPLES / "bad.py").read_text().splitlines()
-    assert "dist.all_reduce(p.grad)" in bad[mine[0]["locations"][0]["line"] - 1]
-
-
-def test_good_example_is_silent(reports):
-    assert [x["id"] for x in reports["good"] if x["category"] == "ddp-manual-allreduce"
-            or x["severity"] == "error"] == []

@@ -1,15 +1,12 @@
 """missing-barrier (DD003): happens-before of file operations from collective positions.
 
-Unit tests on hand-written traces, then the documented bad/good programs end to end."""
+Unit tests on hand-written traces (the bad/good programs run end to end in tests/e2e)."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
-import pytest
-from conftest import ROOT, example_reports
-from support.tracekit import run_check, write_traces
+from support.traces import run_check, write_traces
 
 from ddpdoctor.analysis.checks.missing_barrier import MissingBarrier
 
@@ -127,29 +124,3 @@ def test_many_ranks_stay_fast_and_grouped(tmp_path):
     found = run_check(MissingBarrier, folder)
     assert time.perf_counter() - t0 < 10
     assert [(x.severity, len(x.ranks)) for x in found] == [("warning", world)]
-
-
-# -- end to end ---------------------------------------------------------------------------------
-EXAMPLES = ROOT / "checks" / "missing-barrier"
-
-
-def line_of(path: Path, marker: str) -> int:
-    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if marker in line)
-
-
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    return example_reports(tmp_path_factory, "missing-barrier", failing=(), pg_timeout=None)
-
-
-def test_bad_example_is_found(reports):
-    mine = [x for x in reports["bad"] if x["category"] == "missing-barrier"]
-    assert len(mine) == 1 and mine[0]["severity"] == "error" and mine[0]["ranks"] == [0, 1]
-    bad = EXAMPLES / "bad.py"
-    locs = {(loc["role"], loc["rank"], loc["line"]) for loc in mine[0]["locations"]}
-    assert locs == {("write", 0, line_of(bad, "# the write")), ("read", 1, line_of(bad, "# ... and the read"))}
-
-
-def test_good_example_is_silent(reports):
-    assert [x["id"] for x in reports["good"] if x["category"] == "missing-barrier"
-            or x["severity"] == "error"] == []

@@ -1,12 +1,10 @@
 """p2p-mismatch (DD011): sends and receives that do not pair up.
 
-Unit tests on hand-written traces, then the documented bad/good programs end to end."""
+Unit tests on hand-written traces (the bad/good programs run end to end in tests/e2e)."""
 
 from __future__ import annotations
 
-import pytest
-from conftest import example_reports
-from support.endkit import GLOO_TIMEOUT, coll, raised, run_checks, write_run
+from support.traces import GLOO_TIMEOUT, coll, raised, run_checks, write_run
 
 SEND = ("pipe.py", 10, "dist.send(t, dst=1)")
 RECV = ("pipe.py", 14, "dist.recv(buf, src=0)")
@@ -66,23 +64,3 @@ def test_a_receiver_that_died_is_left_to_rank_failed(tmp_path):
     ranks = {0: [p("send", "0>1", 1), p("send", "0>1", 2, err=GLOO_TIMEOUT)], 1: [p("recv", "0>1", 1)]}
     folder = write_run(tmp_path, ranks, exits={0: raised(GLOO_TIMEOUT), 1: raised("ValueError: bad input")})
     assert [f.id for f in run_checks(folder, "DD011", "DD008")] == ["DD008"]
-
-
-# -- end to end ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    return example_reports(tmp_path_factory, "p2p-mismatch", pg_timeout="4")
-
-
-def test_bad_example_is_found(reports):
-    mine = [x for x in reports["bad"] if x["category"] == "p2p-mismatch"]
-    assert len(mine) == 1 and mine[0]["data"]["sent"] == 3 and mine[0]["data"]["received"] == 2
-    assert mine[0]["locations"][0]["line"] == 23 and "dist.send" in mine[0]["locations"][0]["source"]
-    assert [x["id"] for x in reports["bad"] if x["severity"] == "error"] == ["DD011"]
-
-
-def test_good_example_is_silent(reports):
-    assert [x["id"] for x in reports["good"] if x["category"] == "p2p-mismatch"
-            or x["severity"] == "error"] == []

@@ -1,13 +1,11 @@
 """rank-failed (DD008): a rank raised or was killed while the others were in a collective; the
 root cause is told apart from the collateral failures.
 
-Unit tests on hand-written traces, then the documented bad/good programs end to end."""
+Unit tests on hand-written traces (the bad/good programs run end to end in tests/e2e)."""
 
 from __future__ import annotations
 
-import pytest
-from conftest import example_reports
-from support.endkit import GLOO_CLOSED, GLOO_TIMEOUT, NO_PG, coll, raised, run_checks, write_run
+from support.traces import GLOO_CLOSED, GLOO_TIMEOUT, NO_PG, coll, raised, run_checks, write_run
 
 AR = ("train.py", 27, "dist.all_reduce(x)")
 
@@ -124,27 +122,3 @@ def test_hundreds_of_ranks_one_culprit(tmp_path):
     assert [f.id for f in found] == ["DD008"] and found[0].ranks == [3]
     assert "ranks 0-2,4-255 were waiting in all_reduce #6" in found[0].message
     assert len(found[0].data["collateral"]) == 255 and len(found[0].message) < 1000
-
-
-# -- end to end ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    return example_reports(tmp_path_factory, "rank-failed")
-
-
-def test_bad_example_names_rank_1_not_its_victim(reports):
-    mine = [x for x in reports["bad"] if x["category"] == "rank-failed"]
-    assert len(mine) == 1 and mine[0]["ranks"] == [1]
-    assert mine[0]["data"]["exc"] == "ValueError: corrupt sample at step 2"
-    exc = [loc for loc in mine[0]["locations"] if loc["role"] == "exception"]
-    assert exc and exc[0]["line"] == 17 and exc[0]["function"] == "load_sample"
-    # rank 0 failed with a connection error, or was ended by torchrun: either way, collateral
-    assert 0 not in mine[0]["ranks"]
-    assert [x["id"] for x in reports["bad"] if x["severity"] == "error"] == ["DD008"]
-
-
-def test_good_example_is_silent(reports):
-    assert [x["id"] for x in reports["good"] if x["category"] == "rank-failed"
-            or x["severity"] == "error"] == []

@@ -1,13 +1,12 @@
 """sync-overhead (DD010): per-step barriers and straggler ranks, with thresholds that keep short
 and balanced runs silent.
 
-Unit tests on hand-written traces, then the documented bad/good programs end to end."""
+Unit tests on hand-written traces (the bad/good programs run end to end in tests/e2e)."""
 
 from __future__ import annotations
 
 import pytest
-from conftest import example_reports
-from support.endkit import coll, ddp_record, run_checks, write_run
+from support.traces import coll, ddp_record, run_checks, write_run
 
 BAR = ("train.py", 34, "dist.barrier()", [["train.py", 31, "for x in loader:", "for"]])
 STEP = ("train.py", 36, "model(x)", [["train.py", 31, "for x in loader:", "for"]])
@@ -98,26 +97,3 @@ def test_most_ranks_slow_is_not_one_straggler(tmp_path):
     # half the ranks wait: nobody in particular holds the others back
     ranks = {r: loop(60, step_us=(2 if r < 2 else 42) * MS) for r in range(4)}
     assert [f for f in run_checks(write_run(tmp_path, ranks), "DD010") if f.data["kind"] == "straggler"] == []
-
-
-# -- end to end ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    return example_reports(tmp_path_factory, "sync-overhead", failing=(), pg_timeout=None)
-
-
-def test_bad_example_is_found(reports):
-    mine = {x["data"]["kind"]: x for x in reports["bad"] if x["category"] == "sync-overhead"}
-    assert "barrier" in mine, reports["bad"]
-    assert mine["barrier"]["data"]["calls"] == 40 and mine["barrier"]["locations"][0]["line"] == 34
-    # rank 1 sleeps 50 ms per step before the barrier: rank 0 loses ~2 s
-    assert mine["barrier"]["data"]["max_s"] > 1.2
-    assert "straggler" in mine and mine["straggler"]["ranks"] == [1]
-    assert [x for x in reports["bad"] if x["severity"] == "error"] == []
-
-
-def test_good_example_is_silent(reports):
-    assert [x["id"] for x in reports["good"] if x["category"] == "sync-overhead"
-            or x["severity"] == "error"] == []

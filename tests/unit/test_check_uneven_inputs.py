@@ -1,14 +1,12 @@
 """uneven-inputs (DD006): ranks ran different numbers of DDP steps.
 
-Unit tests on hand-written traces, then the documented bad/good programs end to end."""
+Unit tests on hand-written traces (the bad/good programs run end to end in tests/e2e)."""
 
 from __future__ import annotations
 
 import time
 
-import pytest
-from conftest import example_reports
-from support.endkit import (
+from support.traces import (
     GLOO_CLOSED,
     GLOO_TIMEOUT,
     coll,
@@ -124,25 +122,3 @@ def test_hundreds_of_ranks_one_short(tmp_path):
     assert found[0].data["short"] == [77] and len(found[0].ranks) == 255
     assert "ranks 0-76,78-255: 12 steps" in found[0].message and "rank 77: 11 steps" in found[0].message
     assert took < 10, took
-
-
-# -- end to end ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    return example_reports(tmp_path_factory, "uneven-inputs")
-
-
-def test_bad_example_is_found(reports):
-    mine = [x for x in reports["bad"] if x["category"] == "uneven-inputs"]
-    assert len(mine) == 1 and mine[0]["ranks"] == [0]
-    assert mine[0]["data"]["steps"] == {"0": 5, "1": 4}
-    assert any(loc["role"] == "loop" and "for x in mine" in loc["source"] for loc in mine[0]["locations"])
-    # one explanation, not two: no divergence or rank failure reported for the same thing
-    assert [x["id"] for x in reports["bad"] if x["severity"] == "error"] == ["DD006"]
-
-
-def test_good_example_with_join_is_silent(reports):
-    assert [x["id"] for x in reports["good"] if x["category"] == "uneven-inputs"
-            or x["severity"] == "error"] == []

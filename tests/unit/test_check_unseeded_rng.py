@@ -1,12 +1,10 @@
 """unseeded-rng (DD004): splits, samplers and initial parameters that differ across ranks.
 
-Unit tests on hand-written traces, then the documented bad/good programs end to end."""
+Unit tests on hand-written traces (the bad/good programs run end to end in tests/e2e)."""
 
 from __future__ import annotations
 
-import pytest
-from conftest import ROOT, example_reports
-from support.tracekit import run_check, write_traces
+from support.traces import run_check, write_traces
 
 from ddpdoctor.analysis.checks.unseeded_rng import UnseededRng
 
@@ -113,27 +111,3 @@ def test_many_ranks_one_minority(tmp_path):
     ranks = {r: [split(["a", "b"] if r != 77 else ["c", "d"])] for r in range(world)}
     found = check(tmp_path, ranks)
     assert what(found) == [("split", "warning")] and found[0].ranks == [77]
-
-
-# -- end to end ---------------------------------------------------------------------------------
-EXAMPLES = ROOT / "checks" / "unseeded-rng"
-
-
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    return example_reports(tmp_path_factory, "unseeded-rng", failing=(), pg_timeout=None)
-
-
-def test_bad_example_is_found(reports):
-    mine = {x["data"]["what"]: x for x in reports["bad"] if x["category"] == "unseeded-rng"}
-    assert set(mine) == {"split", "model-init"}
-    assert mine["split"]["severity"] == "error" and mine["split"]["data"]["feeds_sampler"] == [0, 1]
-    assert mine["model-init"]["severity"] == "error" and mine["model-init"]["data"]["grads_synced"]
-    for x in mine.values():  # the cause: the rank-dependent seed, at its line
-        seeds = [loc for loc in x["locations"] if loc["role"] == "seed"]
-        assert seeds and "manual_seed(rank)" in seeds[0]["source"]
-
-
-def test_good_example_is_silent(reports):
-    assert [x["id"] for x in reports["good"] if x["category"] == "unseeded-rng"
-            or x["severity"] == "error"] == []

@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import report
-from support.endkit import GLOO_CLOSED, coll, ddp_record, raised, write_run
+from support.jobs import report
+from support.traces import GLOO_CLOSED, coll, ddp_record, raised, write_run
 
 MS = 1000
 BAR = ("train.py", 34, "dist.barrier()")
