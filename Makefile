@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # torch is pinned to the CPU build that pip takes from this machine's disk: never a CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup chromium demo test lint bench clean
+.PHONY: setup chromium demo test test-unit test-e2e lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ demo: setup
 		$(VENV)/bin/torchrun --standalone --nproc_per_node=2 examples/train_buggy.py; \
 		status=$$?; echo "(ddpdoctor trace exited $$status: 124 = job ended after the diagnosed hang)"
 
-# Headless Chromium renders the HTML report in tests/test_html_report.py (Debian's package).
+# Headless Chromium renders the HTML report in tests/e2e/test_html_report.py (Debian's package).
 # Idempotent; where apt is unavailable it does nothing and that test skips itself.
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { (apt-get update -qq && \
@@ -29,8 +29,18 @@ chromium:
 test: setup chromium
 	$(PY) -m pytest -q tests
 
+# The hand-written-trace tests alone (seconds), and the real gloo jobs.
+test-unit: setup
+	$(PY) -m pytest -q tests/unit
+
+test-e2e: setup chromium
+	$(PY) -m pytest -q tests/e2e
+
+# ruff, then the import contracts of pyproject.toml ([tool.importlinter]): which side of the trace
+# contract may import which, and no import cycles.
 lint: setup
 	$(VENV)/bin/ruff check ddpdoctor tests bench examples checks
+	$(VENV)/bin/lint-imports
 
 bench: setup
 	$(PY) -m bench

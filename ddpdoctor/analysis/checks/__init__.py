@@ -4,23 +4,6 @@ automatically); its documentation and a bad/good example pair live under the rep
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
-from .base import Check, Context
+from .base import Check, Context, all_checks
 
 __all__ = ["Check", "Context", "all_checks"]
-
-
-def all_checks() -> list[Check]:
-    """One instance of every check, ordered by id."""
-    classes: dict[str, type] = {}
-    for mod in pkgutil.iter_modules(__path__):
-        if mod.name == "base" or mod.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{mod.name}")
-        for obj in vars(module).values():
-            if isinstance(obj, type) and issubclass(obj, Check) and obj is not Check \
-                    and obj.__module__ == module.__name__:
-                classes[obj.id] = obj
-    return [classes[k]() for k in sorted(classes)]

@@ -10,7 +10,9 @@ says so in :meth:`Check.explains`; divergent-collectives then stays quiet about 
 
 from __future__ import annotations
 
+import importlib
 import os
+import pkgutil
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -140,8 +142,6 @@ class Context:
     @cached_property
     def checks(self) -> list[Check]:
         """The checks this report runs, by id."""
-        from . import all_checks
-
         return [c for c in all_checks() if self.enabled(c.id)]
 
     @cached_property
@@ -204,3 +204,18 @@ class Context:
 def fmt(ranks) -> str:
     rs = sorted(set(ranks))
     return ("rank " if len(rs) == 1 else "ranks ") + fmt_ranks(rs)
+
+
+def all_checks() -> list[Check]:
+    """One instance of every check of this package (each module but ``base`` and ``_*``), by id."""
+    package = __name__.rsplit(".", 1)[0]
+    classes: dict[str, type] = {}
+    for mod in pkgutil.iter_modules(importlib.import_module(package).__path__):
+        if mod.name == "base" or mod.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{package}.{mod.name}")
+        for obj in vars(module).values():
+            if isinstance(obj, type) and issubclass(obj, Check) and obj is not Check \
+                    and obj.__module__ == module.__name__ and not obj.__dict__.get("abstract", False):
+                classes[obj.id] = obj
+    return [classes[k]() for k in sorted(classes)]
