@@ -86,6 +86,8 @@ def _after_fork_in_child() -> None:
     recorder._recorder = None
     recorder._lock = threading.Lock()
     rec = recorder.install(old.settings if old is not None else None)
+    if old is not None:
+        rec.installed = set(old.installed)  # the hooks themselves are inherited through fork
     if old is not None and old.writer is not None:
         # The parent is a rank: this is its worker (DataLoader, pool), never a rank itself.
         rec.enabled = False

@@ -65,6 +65,7 @@ class Recorder:
         self.exit_recorded = False  # an exit record was written (exit hooks, watchdog, check())
         self.exit_info: dict | None = None  # how this rank ended, for the watchdog's diagnosis
         self.stacks_file = None  # kept open for faulthandler's stack dumps
+        self.installed: set[str] = set()  # process-wide hooks installed once ("exit", "files")
         # DDP parameter/gradient memory ranges (patches.ddp.overlap), rebuilt when marked dirty
         self._ddp_ptrs: dict = {"dirty": True, "map": {}}
 

@@ -173,6 +173,7 @@ def _in_ddp(rec, ps) -> int:
 
 
 _stepped: weakref.WeakSet = weakref.WeakSet()
+# torch's optimizer step hooks are process-global and never removed: so is this flag.
 _hook_installed = False
 
 

@@ -14,8 +14,6 @@ import traceback
 from ...trace import files, records
 from .. import callsite
 
-_installed = False
-
 
 def _user_frame(tb) -> tuple[str, int, str]:
     """Innermost frame of a traceback that is the user's, not a library's."""
@@ -58,10 +56,9 @@ def record_exception(rec, exc: BaseException) -> None:
 
 
 def install(rec) -> None:
-    global _installed
-    if _installed:
+    if "exit" in rec.installed:
         return
-    _installed = True
+    rec.installed.add("exit")
     prev_hook = sys.excepthook
 
     def excepthook(etype, value, tb):

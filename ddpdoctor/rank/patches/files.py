@@ -26,7 +26,6 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 #: Record at most this many file operations per rank (a dataset of a million files would
 #: otherwise fill the trace); the trace says when the cap was reached.
 MAX_RECORDS = 20000
-_installed = False
 
 
 def _ignored_prefixes(rec) -> tuple[str, ...]:
@@ -118,10 +117,9 @@ def _local_fs_test():
 
 
 def install(rec) -> None:
-    global _installed
-    if _installed:
+    if "files" in rec.installed:
         return
-    _installed = True
+    rec.installed.add("files")
     ignored = _ignored_prefixes(rec)
     torch_internal = _torch_internal_test()
     is_local = _local_fs_test()
