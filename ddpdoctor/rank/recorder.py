@@ -14,7 +14,8 @@ import threading
 import time
 import traceback
 
-from ..trace.files import SCHEMA_VERSION, TraceWriter, dumps, hostname, trace_file_name
+from ..trace import records
+from ..trace.files import TraceWriter, dumps, hostname, trace_file_name
 from ..trace.records import InFlight
 from . import settings as settings_mod
 from .callsite import SiteTable
@@ -105,15 +106,12 @@ class Recorder:
             return
         import torch
 
-        header = {
-            "t": "header", "schema": SCHEMA_VERSION, "run": self.settings.run_id,
-            "rank": rank, "local_rank": local_rank if local_rank is not None else
-            int(os.environ.get("LOCAL_RANK", rank)), "world": world, "host": host,
-            "pid": os.getpid(), "attempt": attempt, "torch": torch.__version__,
-            "backend": backend, "argv": list(sys.argv), "python": sys.version.split()[0],
-            "wall0": self.wall0, "pg_timeout_s": timeout_s,
-            "hang_timeout_s": self.settings.hang_timeout, "tool": "ddpdoctor",
-        }
+        header = records.header(
+            run=self.settings.run_id, rank=rank, world=world, host=host, pid=os.getpid(), attempt=attempt,
+            local_rank=local_rank if local_rank is not None else int(os.environ.get("LOCAL_RANK", rank)),
+            torch=torch.__version__, backend=backend, argv=list(sys.argv), python=sys.version.split()[0],
+            wall0=self.wall0, pg_timeout_s=timeout_s, hang_timeout_s=self.settings.hang_timeout,
+            tool="ddpdoctor")
         self.writer.write(header)
         try:
             from ..trace.inflight import SUFFIX, InflightSlot

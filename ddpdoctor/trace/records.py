@@ -43,10 +43,8 @@ def header(*, run: str | None, rank: int, world: int, host: str, pid: int, attem
     """The first record of every rank file (schema version, who wrote it)."""
     from .files import SCHEMA_VERSION
 
-    rec = {TYPE: "header", "schema": SCHEMA_VERSION, "run": run, "rank": rank}
-    rec.update(extra)
-    rec.update(world=world, host=host, pid=pid, attempt=attempt)
-    return rec
+    return {TYPE: "header", "schema": SCHEMA_VERSION, "run": run, "rank": rank, "world": world, "host": host,
+            "pid": pid, "attempt": attempt, **extra}
 
 
 def site(sid: int, file: str, line: int, func: str, src: str = "", stack: list | None = None,

@@ -12,7 +12,7 @@ from collections import defaultdict
 from ...trace import ops
 from ...trace.ops import BARRIER_OPS
 from ._failures import fmt
-from .base import Check, Context
+from .base import Check, Context, Kind
 
 #: A barrier site must run at least this often on every rank to be "one per step".
 MIN_REPEATS = 20
@@ -41,9 +41,14 @@ class SyncOverhead(Check):
     fix = ("Remove barriers from the training loop: DDP's gradient all-reduce (and any collective) "
            "already synchronises the ranks. Keep barriers only where one rank must finish something "
            "(writing a file) before the others go on.")
-    fix_straggler = ("Find what the straggler does before its collectives and balance it: more data "
-                     "loading workers or faster storage for its shard, logging/evaluation/checkpointing "
-                     "outside the step or asynchronous, equal batch sizes, or a healthy machine.")
+    kinds = {
+        "barrier": Kind(title="Barrier on every step (the step synchronises anyway)"),
+        "straggler": Kind(
+            severity="warning", title="Straggler: the other ranks keep waiting for one rank",
+            fix=("Find what the straggler does before its collectives and balance it: more data "
+                 "loading workers or faster storage for its shard, logging/evaluation/checkpointing "
+                 "outside the step or asynchronous, equal batch sizes, or a healthy machine.")),
+    }
 
     def run(self, ctx: Context):
         duration_us = max(ctx.run.duration_s() * 1e6, 1.0)
@@ -109,8 +114,7 @@ class SyncOverhead(Check):
                    "rest is waiting for slower ranks, which the next collective would absorb anyway.")
             evidence = [[fmt([r]), f"{by_rank[r][0]} calls", _s(times[r])] for r in sorted(by_rank)[:16]]
             findings.append(self.finding(msg[:1].upper() + msg[1:], sorted(by_rank), [ctx.loc(r0, sid)], severity=severity,
-                                         title="Barrier on every step (the step synchronises anyway)",
-                                         evidence=evidence,
+                                         kind="barrier", evidence=evidence,
                                          data={"kind": "barrier", "calls": n, "own_s": own / 1e6,
                                                "max_s": worst / 1e6}))
         return findings
@@ -183,9 +187,7 @@ class SyncOverhead(Check):
                "a slower machine on the straggler); the collectives only make it visible.")
         evidence = [[fmt([r]), f"{calls[r]} collectives", f"waited {_s(waits[r])}"]
                     for r in sorted(waits)[:16]]
-        return [self.finding(msg[:1].upper() + msg[1:], slow, locs, severity="warning", fix=self.fix_straggler,
-                             title="Straggler: the other ranks keep waiting for one rank",
-                             evidence=evidence,
+        return [self.finding(msg[:1].upper() + msg[1:], slow, locs, kind="straggler", evidence=evidence,
                              data={"kind": "straggler", "lost_s": lost / 1e6, "others": len(others)})]
 
     @staticmethod

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 from ..findings import Location
 from ._records import aligned, by_value, describe, minority, site_key
-from .base import Check, Context, fmt
+from .base import Check, Context, Kind, fmt
 
 
 def _last_seed(seeds: list[dict], ts: int) -> dict | None:
@@ -31,6 +31,16 @@ class UnseededRng(Check):
     fix = ("Seed what must agree identically on every rank (a fixed torch.manual_seed before building "
            "the model and splitting the data, or an explicit generator: random_split(ds, lengths, "
            "generator=torch.Generator().manual_seed(42))); keep rank-dependent seeds for augmentation only.")
+    kinds = {
+        "sampler": Kind(fix=("Build the sampler from the same dataset on every rank and pass the same "
+                             "seed everywhere (the default, 0, or a shared constant); shard by rank "
+                             "only through num_replicas/rank.")),
+        "model-init": Kind(fix=("Seed identically on every rank before building the model, or wrap it "
+                                "in DistributedDataParallel (or broadcast the parameters from rank 0 "
+                                "once) before training.")),
+        "seed": Kind(severity="info", title="Rank-dependent random seed",
+                     fix="Nothing to fix if per-rank randomness is intended."),
+    }
 
     def run(self, ctx: Context):
         seeds = {r: rt.records("seed") for r, rt in ctx.run.ranks.items()}
@@ -159,11 +169,7 @@ class UnseededRng(Check):
                + "; ".join(problems) + ".")
         locs: list[Location] = [ctx.loc(r0, s0.get("created") if s0.get("created") is not None
                                         else s0.get("site"), "sampler")]
-        return self.finding(msg, sorted(blame), locs, evidence=evidence,
-                            fix=("Build the sampler from the same dataset on every rank and pass the same "
-                                 "seed everywhere (the default, 0, or a shared constant); shard by rank "
-                                 "only through num_replicas/rank."),
-                            data={"what": "sampler", "site": list(key[:2])})
+        return self.finding(msg, sorted(blame), locs, evidence=evidence, kind="sampler", data={"what": "sampler", "site": list(key[:2])})
 
     # -- optimizers (model initialisation) --------------------------------------------------------
     def _optimizers(self, ctx: Context, seeds: dict, cited: set) -> list:
@@ -221,10 +227,7 @@ class UnseededRng(Check):
             cause, clocs = self._seed_cause(ctx, seeds, at, cited)
             msg += cause
             locs = [ctx.loc(r0, o0["_align"], "optimizer")] + clocs
-            out.append(self.finding(msg, minority(groups), locs, severity=sev,
-                                    fix=("Seed identically on every rank before building the model, or wrap it "
-                                         "in DistributedDataParallel (or broadcast the parameters from rank 0 "
-                                         "once) before training."),
+            out.append(self.finding(msg, minority(groups), locs, severity=sev, kind="model-init",
                                     evidence=[[fmt(rs), f"parameter digest {v}", where] for v, rs in groups.items()],
                                     data={"what": "model-init", "site": list(key[:2]), "grads_synced": synced}))
         return out
@@ -248,7 +251,5 @@ class UnseededRng(Check):
                 msg += (" Nothing recorded that must agree (splits, samplers, the parameters optimizers "
                         "start from) came out different.")
             out.append(self.finding(msg, sorted(per_rank), [ctx.loc(r0, s0.get("site"), "seed")],
-                                    severity="info", title="Rank-dependent random seed",
-                                    fix="Nothing to fix if per-rank randomness is intended.",
-                                    data={"what": "seed", "site": list(key[:2])}))
+                                    kind="seed", data={"what": "seed", "site": list(key[:2])}))
         return out
