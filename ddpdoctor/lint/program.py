@@ -1,0 +1,438 @@
+"""The analysed program: parsed files, their functions and classes, calls resolved between them,
+and the whole-program fixpoint of the rank-dependence analysis (function results, parameters
+given rank-dependent arguments, attributes set in one method and read in another)."""
+
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass, field
+
+from .names import Imports, dotted
+from .rankdep import CLEAN, RANK_PARAMS, Evaluator, Verdict, describe, is_heuristic, substitute
+
+SPAWN_FUNCS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes",
+                         "torch.multiprocessing.spawn.spawn", "ddpdoctor.spawn", "ddpdoctor.testing.spawn"})
+MAX_ROUNDS = 4
+
+
+@dataclass
+class Facts:
+    """What the last walk of a function recorded: taint of reads and of conditions."""
+
+    loads: dict[int, frozenset] = field(default_factory=dict)
+    tests: dict[int, frozenset] = field(default_factory=dict)
+
+
+class Module:
+    def __init__(self, path: str, source: str, display: str | None = None) -> None:
+        self.path = path
+        self.display = display or path
+        self.source = source
+        self.lines = source.splitlines()
+        self.tree = ast.parse(source, filename=path)
+        self.imports = Imports(self.tree)
+        self.name = os.path.splitext(os.path.basename(path))[0]
+
+    def line(self, n: int) -> str:
+        return self.lines[n - 1].strip() if 0 < n <= len(self.lines) else ""
+
+
+class Func:
+    """A function, a method, or a module's top-level code (``node`` is the Module)."""
+
+    def __init__(self, module: Module, node, cls: ast.ClassDef | None, parent: Func | None, qual: str) -> None:
+        self.module = module
+        self.node = node
+        self.cls = cls
+        self.parent = parent
+        self.qual = qual
+        self.name = getattr(node, "name", "<module>")
+        if isinstance(node, ast.Module):
+            self.params: list[str] = []
+            self.body = [s for s in node.body]
+        else:
+            a = node.args
+            self.params = [p.arg for p in getattr(a, "posonlyargs", [])] + [p.arg for p in a.args] + \
+                [p.arg for p in a.kwonlyargs]
+            self.body = node.body
+        self.facts = Facts()
+        self.returns: frozenset = CLEAN
+        self.param_taint: list[frozenset] = [CLEAN] * len(self.params)
+        self.final_env: dict[str, frozenset] = {}
+        self.calls: list = []  # (callee, [arg taint]) noted in the last walk
+        self.is_method = cls is not None and not isinstance(node, ast.Module)
+        self.is_static = any(dotted(d) == "staticmethod" for d in getattr(node, "decorator_list", []))
+
+    @property
+    def is_module(self) -> bool:
+        return isinstance(self.node, ast.Module)
+
+    def __repr__(self) -> str:
+        return f"<Func {self.qual}>"
+
+
+class Program:
+    """Everything the rules need about the files given."""
+
+    def __init__(self, modules: list[Module], extra_names=(), comm_names=()) -> None:
+        self.modules = modules
+        self.extra_names = frozenset(extra_names)
+        self.comm_names = frozenset(comm_names)
+        self.funcs: list[Func] = []
+        self.module_funcs: dict[tuple[str, str], Func] = {}
+        self.module_func: dict[str, Func] = {}
+        self.classes: dict[str, list[tuple[Module, ast.ClassDef]]] = {}
+        self.methods: dict[tuple[int, str], Func] = {}
+        self.nested: dict[tuple[int, str], Func] = {}
+        self.class_attr: dict[int, dict[str, frozenset]] = {}
+        self.module_env: dict[str, dict[str, frozenset]] = {}
+        self.by_module_name: dict[str, list[Module]] = {}
+        self.func_of_node: dict[int, Func] = {}
+        self._changed = False
+        for m in modules:
+            self.by_module_name.setdefault(m.name, []).append(m)
+            self._index(m)
+        self._spawn_targets()
+        self._fixpoint()
+
+    @classmethod
+    def from_sources(cls, sources: dict[str, str], **kw) -> Program:
+        return cls([Module(p, s) for p, s in sources.items()], **kw)
+
+    # -- indexing --------------------------------------------------------------------------------
+    def _index(self, m: Module) -> None:
+        top = Func(m, m.tree, None, None, f"{m.name}")
+        self.funcs.append(top)
+        self.module_func[m.path] = top
+
+        def visit(body, cls, parent, prefix):
+            for s in body:
+                if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    f = Func(m, s, cls, parent, f"{prefix}{s.name}")
+                    self.funcs.append(f)
+                    self.func_of_node[id(s)] = f
+                    if cls is not None and parent is None:
+                        self.methods[(id(cls), s.name)] = f
+                    elif parent is not None:
+                        self.nested[(id(parent.node), s.name)] = f
+                    else:
+                        self.module_funcs[(m.path, s.name)] = f
+                    visit(s.body, None, f, f"{prefix}{s.name}.")
+                elif isinstance(s, ast.ClassDef):
+                    self.classes.setdefault(s.name, []).append((m, s))
+                    visit(s.body, s, None, f"{prefix}{s.name}.")
+                else:  # defs under if/try/with at top level still count
+                    for sub in ("body", "orelse", "finalbody"):
+                        if isinstance(getattr(s, sub, None), list):
+                            visit(getattr(s, sub), cls, parent, prefix)
+                    for h in getattr(s, "handlers", []) or []:
+                        visit(h.body, cls, parent, prefix)
+
+        visit(m.tree.body, None, None, f"{m.name}.")
+
+    def _spawn_targets(self) -> None:
+        for f in self.funcs:
+            for node in ast.walk(f.node) if f.is_module else ():
+                if isinstance(node, ast.Call) and node.args:
+                    canon = f.module.imports.canonical(node.func) or ""
+                    if canon in SPAWN_FUNCS:
+                        target = self._resolve_name(node.args[0], f)
+                        if target is not None and target.params:
+                            target.param_taint[0] |= frozenset(
+                                {f"the rank {dotted(node.func)}() passes (line {node.lineno})"})
+        for f in self.funcs:
+            for i, p in enumerate(f.params):
+                if p in RANK_PARAMS or p in self.extra_names:
+                    f.param_taint[i] |= frozenset({f"~parameter `{p}` of {f.name}()"})
+
+    # -- resolution ------------------------------------------------------------------------------
+    def class_named(self, name: str) -> ast.ClassDef | None:
+        found = self.classes.get(name)
+        return found[0][1] if found and len(found) == 1 else None
+
+    def method(self, cls: ast.ClassDef, name: str, depth: int = 0) -> Func | None:
+        f = self.methods.get((id(cls), name))
+        if f is not None or depth > 5:
+            return f
+        for b in cls.bases:
+            base = dotted(b)
+            bc = self.class_named(base.rsplit(".", 1)[-1]) if base else None
+            if bc is not None and bc is not cls:
+                f = self.method(bc, name, depth + 1)
+                if f is not None:
+                    return f
+        return None
+
+    def _resolve_name(self, node: ast.AST, func: Func) -> Func | None:
+        if not isinstance(node, ast.Name):
+            return None
+        n = node.id
+        p = func
+        while p is not None and not p.is_module:
+            f = self.nested.get((id(p.node), n))
+            if f is not None:
+                return f
+            p = p.parent
+        f = self.module_funcs.get((func.module.path, n))
+        if f is not None:
+            return f
+        canon = func.module.imports.alias.get(n)
+        if canon:
+            mod, _, name = canon.rpartition(".")
+            for m in self.by_module_name.get(mod.rsplit(".", 1)[-1], []):
+                f = self.module_funcs.get((m.path, name))
+                if f is not None:
+                    return f
+        return None
+
+    def instance_class(self, expr: ast.AST, func: Func, line: int) -> ast.ClassDef | None:
+        """The analysed class an expression is an instance of, when it was built in view."""
+        if isinstance(expr, ast.Call):
+            name = dotted(expr.func)
+            return self.class_named(name.rsplit(".", 1)[-1]) if name else None
+        key = dotted(expr)
+        if key is None:
+            return None
+        value = self.last_assignment(func, key, line)
+        if value is not None and value is not expr:
+            return self.instance_class(value, func, 10 ** 9) if isinstance(value, ast.Call) else None
+        return None
+
+    def last_assignment(self, func: Func, key: str, line: int) -> ast.AST | None:
+        """The value last assigned to ``key`` before ``line`` in the function (``self.x``: anywhere
+        in the class; a global: in the module's top-level code)."""
+        best = None
+        for ln, target, value in self.assignments(func):
+            if target == key and ln < line:
+                best = value
+        if best is None and key.startswith("self.") and func.cls is not None:
+            for m in self._class_funcs(func.cls):
+                for _ln, target, value in self.assignments(m):
+                    if target == key:
+                        best = value
+        if best is None and not func.is_module and "." not in key:
+            top = self.module_func[func.module.path]
+            for _ln, target, value in self.assignments(top):
+                if target == key:
+                    best = value
+        return best
+
+    def _class_funcs(self, cls: ast.ClassDef) -> list[Func]:
+        return [f for (cid, _n), f in self.methods.items() if cid == id(cls)]
+
+    _assign_cache: dict
+
+    def assignments(self, func: Func) -> list[tuple[int, str, ast.AST]]:
+        """(line, target key, value) for simple assignments in the function, in order."""
+        cache = self.__dict__.setdefault("_assign_cache", {})
+        got = cache.get(id(func))
+        if got is not None:
+            return got
+        out = []
+        for node in _walk_scope(func.node):
+            if isinstance(node, ast.Assign):
+                for t in node.targets:
+                    if isinstance(t, (ast.Tuple, ast.List)):
+                        for e in t.elts:
+                            k = dotted(e)
+                            if k:
+                                out.append((node.lineno, k, node.value))
+                    else:
+                        k = dotted(t)
+                        if k:
+                            out.append((node.lineno, k, node.value))
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                k = dotted(node.target)
+                if k:
+                    out.append((node.lineno, k, node.value))
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                for it in node.items:
+                    k = dotted(it.optional_vars) if it.optional_vars is not None else None
+                    if k:
+                        out.append((node.lineno, k, it.context_expr))
+        out.sort(key=lambda x: x[0])
+        cache[id(func)] = out
+        return out
+
+    def resolve(self, call: ast.Call, func: Func) -> tuple[Func | None, bool]:
+        """The analysed function a call runs, and whether ``self`` is bound (method, class)."""
+        f = call.func
+        if isinstance(f, ast.Name):
+            target = self._resolve_name(f, func)
+            if target is not None:
+                return target, False
+            cls = self.class_named(f.id) if (f.id in self.classes) else None
+            if cls is not None:
+                init = self.method(cls, "__init__")
+                return (init, True) if init is not None else (None, False)
+            return None, False
+        if isinstance(f, ast.Attribute):
+            base = f.value
+            if isinstance(base, ast.Name) and base.id == "self" and func.cls is not None:
+                m = self.method(func.cls, f.attr)
+                if m is not None:
+                    return m, not m.is_static
+            if isinstance(base, ast.Name) and base.id == "super" or (
+                    isinstance(base, ast.Call) and dotted(base.func) == "super"):
+                return None, False
+            canon = func.module.imports.alias.get(base.id) if isinstance(base, ast.Name) else None
+            if canon is not None:
+                for m in self.by_module_name.get(canon.rsplit(".", 1)[-1], []):
+                    target = self.module_funcs.get((m.path, f.attr))
+                    if target is not None:
+                        return target, False
+                return None, False
+            cls = self.instance_class(base, func, call.lineno)
+            if cls is not None:
+                m = self.method(cls, f.attr)
+                if m is not None:
+                    return m, not m.is_static
+        return None, False
+
+    # -- the fixpoint ----------------------------------------------------------------------------
+    def note_call(self, caller: Func, callee: Func, params: list[frozenset]) -> None:
+        caller.calls.append((callee, params))
+
+    def set_class_attr(self, cls: ast.ClassDef, attr: str, t: frozenset) -> None:
+        d = self.class_attr.setdefault(id(cls), {})
+        old = d.get(attr, CLEAN)
+        new = old | t
+        if new != old:
+            d[attr] = new
+            self._changed = True
+        elif attr not in d:
+            d[attr] = new
+
+    def outer_taint(self, func: Func, key: str) -> frozenset | None:
+        """Taint of a name/attribute not assigned in the function so far."""
+        if key.startswith("self.") and func.cls is not None:
+            attr = key[5:]
+            if "." not in attr:
+                t = self.class_attr.get(id(func.cls), {}).get(attr)
+                if t is not None:
+                    return substitute_markers_away(t)
+            return None
+        head = key.split(".", 1)[0]
+        p = func.parent
+        while p is not None:
+            if key in p.final_env:
+                return substitute_markers_away(p.final_env[key], p)
+            p = p.parent
+        if not func.is_module:
+            env = self.module_env.get(func.module.path, {})
+            if key in env:
+                return env[key]
+            if head in env and "." in key:
+                return None
+        return None
+
+    def _fixpoint(self) -> None:
+        from .flow import Walker
+
+        order = sorted(self.funcs, key=lambda f: (not f.is_module,))
+        for rnd in range(MAX_ROUNDS):
+            final = rnd == MAX_ROUNDS - 1
+            self._changed = False
+            before = [(f.returns, tuple(f.param_taint)) for f in order]
+            for f in order:
+                f.calls = []
+                f.facts = Facts() if final else f.facts
+                w = Walker(self, f, final)
+                w.run()
+                f.final_env = w.env
+            for f in order:
+                for callee, params in f.calls:
+                    for i, t in enumerate(params):
+                        if i < len(callee.param_taint) and t:
+                            c = substitute(t, f.param_taint)
+                            if not c <= callee.param_taint[i]:
+                                callee.param_taint[i] = callee.param_taint[i] | c
+            after = [(f.returns, tuple(f.param_taint)) for f in order]
+            if final:
+                break
+            if before == after and not self._changed and rnd >= 1:
+                # stable: one more walk that records the facts
+                for f in order:
+                    f.calls = []
+                    f.facts = Facts()
+                    w = Walker(self, f, True)
+                    w.run()
+                    f.final_env = w.env
+                break
+
+    # -- queries ---------------------------------------------------------------------------------
+    def taint(self, func: Func, expr: ast.AST) -> frozenset:
+        """The (concrete) taint of an expression read in ``func``, from the recorded walk."""
+        loads = func.facts.loads
+
+        def lookup(node, key):
+            return loads.get(id(node))
+
+        def call_result(call, args, kws):
+            callee, bound = self.resolve(call, func)
+            if callee is None:
+                return None
+            params = ([CLEAN] if bound else []) + list(args)
+            return substitute(callee.returns, params)
+
+        t = Evaluator(func.module.imports, lookup, call_result, self.extra_names)(expr)
+        return substitute(t, func.param_taint)
+
+    def test_taint(self, func: Func, node: ast.AST) -> frozenset:
+        t = func.facts.tests.get(id(node))
+        if t is None:
+            return CLEAN
+        return substitute(t, func.param_taint)
+
+    def func_at(self, module: Module, line: int) -> Func:
+        best = self.module_func[module.path]
+        for f in self.funcs:
+            if f.module is module and not f.is_module:
+                n = f.node
+                if n.lineno <= line <= (n.end_lineno or n.lineno):
+                    if best.is_module or n.lineno >= best.node.lineno:
+                        best = f
+        return best
+
+    def condition_verdict(self, path: str, lineno: int) -> Verdict:
+        module = next((m for m in self.modules if m.path == path), None)
+        if module is None:
+            return Verdict("unknown", f"{path} is not among the analysed files")
+        node = None
+        for n in ast.walk(module.tree):
+            if isinstance(n, (ast.If, ast.While, ast.For, ast.AsyncFor, ast.Assert, ast.IfExp)) \
+                    and getattr(n, "lineno", 0) == lineno:
+                node = n
+                break
+        if node is None:
+            return Verdict("unknown", f"no condition starts on line {lineno}")
+        func = self.func_at(module, lineno)
+        if isinstance(node, ast.IfExp):
+            t = self.taint(func, node.test)
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            t = self.test_taint(func, node)
+        else:
+            t = self.test_taint(func, node)
+        if not t:
+            return Verdict("no", "no value in the condition depends on the rank")
+        return Verdict("yes", f"depends on the rank through {describe(t)}", sure=not is_heuristic(t))
+
+
+def substitute_markers_away(t: frozenset, func: Func | None = None) -> frozenset:
+    """Taint read from another function's state: its parameter markers become its parameters'
+    taint (or nothing when not known)."""
+    if not any(r.startswith("@") for r in t):
+        return t
+    return substitute(t, func.param_taint if func is not None else [])
+
+
+def _walk_scope(node):
+    """ast.walk without descending into nested functions and classes (module: top level only)."""
+    stack = list(ast.iter_child_nodes(node))
+    while stack:
+        n = stack.pop()
+        yield n
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        stack.extend(ast.iter_child_nodes(n))
