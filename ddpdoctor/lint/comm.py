@@ -116,7 +116,8 @@ class CommModel:
             return self._kind[ck]
         self._kind[ck] = None
         value = self.prog.last_assignment(func, key, line)
-        out = self.kind(value, func, getattr(value, "lineno", line), depth + 1) if value is not None else None
+        owner = self.prog.func_at(func.module, value.lineno) if value is not None else func
+        out = self.kind(value, owner, getattr(value, "lineno", line), depth + 1) if value is not None else None
         self._kind[ck] = out
         return out
 
@@ -135,7 +136,10 @@ class CommModel:
             if isinstance(mod.func, ast.Attribute) and mod.func.attr in ("to", "cuda", "cpu", "float", "half",
                                                                          "train", "eval"):
                 return self.buffers(mod.func.value, func, line, depth + 1)
-            if canon.startswith("torch.nn.") and last[:1].isupper():
+            if canon in DDP_CTORS or canon == "torch.compile" or last in ("DistributedDataParallel", "compile"):
+                inner = mod.args[0] if mod.args else None
+                return self.buffers(inner, func, line, depth + 1) if inner is not None else None
+            if canon.startswith("torch.nn.") and not canon.startswith("torch.nn.parallel.") and last[:1].isupper():
                 if last in CONTAINERS:
                     if any(isinstance(a, ast.Starred) for a in mod.args):
                         return None
@@ -152,7 +156,8 @@ class CommModel:
         if key is not None:
             value = self.prog.last_assignment(func, key, line)
             if value is not None and value is not mod:
-                return self.buffers(value, func, getattr(value, "lineno", line), depth + 1)
+                owner = self.prog.func_at(func.module, value.lineno)
+                return self.buffers(value, owner, getattr(value, "lineno", line), depth + 1)
         return None
 
     def from_ddp(self, expr: ast.AST, func: Func, line: int, depth: int = 0) -> bool:

@@ -82,6 +82,10 @@ UNIFORMING = {
     "all_gather_object": (0, "object_list"), "all_reduce_coalesced": (0, "tensors"),
 }
 SENTINELS = (-1, None)
+#: Methods and keyword arguments that place a value on this rank's device without changing it.
+PLACEMENT_METHODS = frozenset({"to", "cuda", "pin_memory", "set_device"})
+PLACEMENT_KWARGS = frozenset({"map_location", "device", "device_ids", "output_device", "non_blocking",
+                              "device_id", "local_rank"})
 
 
 def is_heuristic(taint: frozenset) -> bool:
@@ -237,8 +241,17 @@ class Evaluator:
         if isinstance(func, ast.Attribute) and func.attr in UNIFORM_METHODS and \
                 (dotted(func.value) or "").split(".")[-1] in ("accelerator", "xm", "accel", "fabric", "trainer"):
             return CLEAN
+        if isinstance(func, ast.Attribute) and func.attr in PLACEMENT_METHODS:
+            # moving a value to this rank's device does not change it
+            out = self(func.value)
+            for a in node.args:
+                self(a)  # still walked: names read here are recorded
+            return out
         args = [self(a) for a in node.args]
-        kws = {kw.arg or "**": self(kw.value) for kw in node.keywords}
+        kws = {}
+        for kw in node.keywords:
+            t = self(kw.value)
+            kws[kw.arg or "**"] = CLEAN if kw.arg in PLACEMENT_KWARGS else t
         res = self.call_result(node, args, kws)
         if res is not None:
             return res

@@ -124,14 +124,14 @@ class Structure:
             c, side, other, other_in = (ca, "true", cb, in_b) if in_a else (cb, "false", ca, in_a)
             exit_kind = xb if side == "true" else xa
             if other is not None:
-                instead = f"{_name(other)} at line {other.line}"
+                instead = f"issue {_what(other)} instead"
             elif exit_kind:
                 instead = f"{_exit_words(exit_kind)} without it"
             else:
                 instead = "go on without it"
             check_id = "DD012" if c.op in GROUP_OPS else "DD001"
             sev = "error" if (sure_cond and c.sure) else "warning"
-            msg = (f"{_name(c)} at line {c.line}{_via(c)} runs only on ranks where `{cond_text}` (line "
+            msg = (f"{_what(c)} runs only on ranks where `{cond_text}` (line "
                    f"{s.lineno}) is {side}; it depends on the rank through {reason}. The other ranks "
                    f"{instead}: the ranks disagree on the next collective and wait for each other.")
             if not c.sure:
@@ -155,7 +155,7 @@ class Structure:
         else:
             check_id, sev = "DD001", "error" if (sure_cond and c.sure) else "warning"
         msg = (f"Ranks where `{cond_text}` (line {s.lineno}) is {side_left} {_exit_words(exit_kind)} at line "
-               f"{exit_line} and skip {_name(c)} at line {c.line}{_via(c)}, which the other ranks issue; "
+               f"{exit_line} and skip {_what(c)} which the other ranks issue; "
                f"the condition depends on the rank through {reason}.")
         locs = [cond_loc, loc(func.module, exit_line, "exit", func.name), loc(func.module, c.line, "call", func.name)]
         self.emit(make(check_id, sev, msg, locs, fix=_FIX_EXIT,
@@ -178,8 +178,8 @@ class Structure:
         check_id = "DD006" if ddp else "DD001"
         what = "test" if isinstance(s, ast.While) else "iterable"
         msg = (f"The number of iterations of `{_header(s)}` (line {s.lineno}) depends on the "
-               f"rank through {describe(t)} (its {what}), and every iteration communicates ({_name(c)} at "
-               f"line {c.line}{_via(c)}): a rank with more iterations waits for the others"
+               f"rank through {describe(t)} (its {what}), and every iteration communicates ({_what(c)}): a "
+               f"rank with more iterations waits for the others"
                + ("." if sure else ", unless the lengths happen to be equal."))
         fix = _FIX_UNEVEN if ddp else _FIX_BRANCH
         self.emit(make(check_id, "error" if sure else "warning", msg,
@@ -242,8 +242,8 @@ class Structure:
                     m = callee.module
                     msg = (f"{callee.name}() raises at line {raise_line} under `{_strip_comment(m.line(cond_line))}` "
                            f"(line {cond_line}), which depends on the rank through {reason}; called at "
-                           f"{func.module.display}:{call.lineno}, the failing rank then skips {_name(c)} "
-                           f"at line {c.line}{_via(c)}, where the other ranks wait until the backend's "
+                           f"{func.module.display}:{call.lineno}, the failing rank then skips {_what(c)} "
+                           f"where the other ranks wait until the backend's "
                            f"timeout instead of failing.")
                     self.emit(make("DD008", "warning", msg,
                                    [loc(m, raise_line, "exception", callee.name), loc(m, cond_line, "condition", callee.name),
@@ -282,12 +282,14 @@ def _flat(k):
         yield k
 
 
-def _via(c: Comm) -> str:
+def _what(c: Comm) -> str:
+    """The communication as the user sees it at this line: the call itself, or the user function
+    call that reaches it."""
     if not c.via:
-        return ""
-    name, line, display = c.via[-1]
+        return f"{c.what} at line {c.line}"
+    _name, line, display = c.via[-1]
     chain = " -> ".join(f"{n}()" for n, _l, _d in c.via)
-    return f" (through {chain}, {c.op} at {display}:{line})"
+    return f"`{c.via[0][0]}()` at line {c.line}, which reaches {c.what} at {display}:{line} (through {chain}),"
 
 
 def _exit_words(kind: str | None) -> str:
