@@ -68,6 +68,8 @@ class CommModel:
         self._seq: dict[int, list] = {}
         self._busy: set[int] = set()
         self._kind: dict = {}
+        self._calls: dict[int, list] = {}
+        self._stmt: dict[int, list] = {}
 
     # -- kinds of values -------------------------------------------------------------------------
     def kind(self, expr: ast.AST, func: Func, line: int, depth: int = 0) -> tuple | None:
@@ -224,10 +226,13 @@ class CommModel:
     # -- sequences ---------------------------------------------------------------------------------
     def calls_in(self, node: ast.AST) -> list[ast.Call]:
         """Calls in an expression or simple statement, in source order (not into nested defs)."""
-        out = [n for n in ([node] if isinstance(node, ast.Call) else []) + list(_walk_scope(node))
-               if isinstance(n, ast.Call)]
-        out.sort(key=lambda c: (c.lineno, c.col_offset))
-        return out
+        got = self._calls.get(id(node))
+        if got is None:
+            got = [n for n in ([node] if isinstance(node, ast.Call) else []) + list(_walk_scope(node))
+                   if isinstance(n, ast.Call)]
+            got.sort(key=lambda c: (c.lineno, c.col_offset))
+            self._calls[id(node)] = got
+        return got
 
     def events_of_call(self, call: ast.Call, func: Func) -> list[tuple]:
         c = self.classify(call, func)
@@ -263,6 +268,12 @@ class CommModel:
         return out
 
     def stmt(self, s: ast.stmt, func: Func) -> list[tuple]:
+        got = self._stmt.get(id(s))
+        if got is None:
+            got = self._stmt[id(s)] = self._stmt_events(s, func)
+        return got
+
+    def _stmt_events(self, s: ast.stmt, func: Func) -> list[tuple]:
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return []
         if isinstance(s, ast.If):

@@ -261,9 +261,8 @@ class Walker:
         spec = UNIFORMING.get(name)
         if spec is None:
             return
-        if any(kw.arg == "group" and not (isinstance(kw.value, ast.Constant) and kw.value.value is None)
-               for kw in expr.keywords):
-            return  # a subgroup: the same only among its members
+        # On a subgroup the result is the same among its members, which are the ranks that go on
+        # to use it in that group's collectives: treated as uniform too.
         idx, kw = spec
         arg = expr.args[idx] if len(expr.args) > idx else next(
             (k.value for k in expr.keywords if k.arg == kw), None)

@@ -24,7 +24,7 @@ class Imports:
 
     def __init__(self, tree: ast.AST) -> None:
         self.alias: dict[str, str] = {}
-        for node in ast.walk(tree):
+        for node in _statements(tree):
             if isinstance(node, ast.Import):
                 for a in node.names:
                     if a.asname:
@@ -54,3 +54,20 @@ class Imports:
 
     def imported(self, name: str) -> bool:
         return name in self.alias
+
+
+def _statements(tree: ast.AST):
+    """Every statement of a module, at any depth (expressions are not entered: imports are
+    statements, and skipping expressions keeps this cheap)."""
+    stack = list(getattr(tree, "body", []))
+    while stack:
+        node = stack.pop()
+        yield node
+        for field in ("body", "orelse", "finalbody"):
+            sub = getattr(node, field, None)
+            if isinstance(sub, list):
+                stack.extend(sub)
+        for h in getattr(node, "handlers", None) or ():
+            stack.extend(h.body)
+        for c in getattr(node, "cases", None) or ():
+            stack.extend(c.body)

@@ -65,6 +65,25 @@ class Func:
         self.is_static = any(dotted(d) == "staticmethod" for d in getattr(node, "decorator_list", []))
 
     @property
+    def scope(self) -> list:
+        """Every node of the function, not into nested functions/classes (cached: the rules
+        read it many times)."""
+        got = self.__dict__.get("_scope")
+        if got is None:
+            got = self.__dict__["_scope"] = list(_walk_scope(self.node))
+        return got
+
+    @property
+    def call_nodes(self) -> list:
+        """The function's calls in source order (cached)."""
+        got = self.__dict__.get("_calls")
+        if got is None:
+            got = [n for n in self.scope if isinstance(n, ast.Call)]
+            got.sort(key=lambda c: (c.lineno, c.col_offset))
+            self.__dict__["_calls"] = got
+        return got
+
+    @property
     def is_module(self) -> bool:
         return isinstance(self.node, ast.Module)
 
@@ -89,7 +108,7 @@ class Program:
         self.module_env: dict[str, dict[str, frozenset]] = {}
         self.by_module_name: dict[str, list[Module]] = {}
         self.func_of_node: dict[int, Func] = {}
-        self._changed = False
+        self._changed_classes: set[int] = set()
         for m in modules:
             self.by_module_name.setdefault(m.name, []).append(m)
             self._index(m)
@@ -203,23 +222,36 @@ class Program:
         """The value last assigned to ``key`` before ``line`` in the function (``self.x``: anywhere
         in the class; a global: in the module's top-level code)."""
         best = None
-        for ln, target, value in self.assignments(func):
-            if target == key and ln < line:
+        for ln, value in self.assignments_by_key(func).get(key, ()):
+            if ln < line:
                 best = value
         if best is None and key.startswith("self.") and func.cls is not None:
             for m in self._class_funcs(func.cls):
-                for _ln, target, value in self.assignments(m):
-                    if target == key:
-                        best = value
+                for _ln, value in self.assignments_by_key(m).get(key, ()):
+                    best = value
         if best is None and not func.is_module and "." not in key:
             top = self.module_func[func.module.path]
-            for _ln, target, value in self.assignments(top):
-                if target == key:
-                    best = value
+            for _ln, value in self.assignments_by_key(top).get(key, ()):
+                best = value
         return best
 
+    def assignments_by_key(self, func: Func) -> dict[str, list[tuple[int, ast.AST]]]:
+        got = func.__dict__.get("_by_key")
+        if got is None:
+            got = {}
+            for ln, target, value in self.assignments(func):
+                got.setdefault(target, []).append((ln, value))
+            func.__dict__["_by_key"] = got
+        return got
+
     def _class_funcs(self, cls: ast.ClassDef) -> list[Func]:
-        return [f for (cid, _n), f in self.methods.items() if cid == id(cls)]
+        idx = self.__dict__.get("_class_funcs_idx")
+        if idx is None:
+            idx = {}
+            for (cid, _n), f in self.methods.items():
+                idx.setdefault(cid, []).append(f)
+            self.__dict__["_class_funcs_idx"] = idx
+        return idx.get(id(cls), [])
 
     _assign_cache: dict
 
@@ -230,7 +262,7 @@ class Program:
         if got is not None:
             return got
         out = []
-        for node in _walk_scope(func.node):
+        for node in func.scope:
             if isinstance(node, ast.Assign):
                 for t in node.targets:
                     if isinstance(t, (ast.Tuple, ast.List)):
@@ -300,7 +332,7 @@ class Program:
         new = old | t
         if new != old:
             d[attr] = new
-            self._changed = True
+            self._changed_classes.add(id(cls))
         elif attr not in d:
             d[attr] = new
 
@@ -330,36 +362,53 @@ class Program:
     def _fixpoint(self) -> None:
         from .flow import Walker
 
+        # A worklist: every function is walked once (recording its facts); a function is walked
+        # again when something it reads changed: a callee's result, its own parameters' taint,
+        # an attribute of its class, its module's globals. The facts of its last walk are final.
         order = sorted(self.funcs, key=lambda f: (not f.is_module,))
-        for rnd in range(MAX_ROUNDS):
-            final = rnd == MAX_ROUNDS - 1
-            self._changed = False
-            before = [(f.returns, tuple(f.param_taint)) for f in order]
-            for f in order:
+        callers: dict[int, set[int]] = {}
+        by_id = {id(f): f for f in order}
+        pending = list(order)
+        walks = 0
+        limit = MAX_ROUNDS * len(order) + 1
+        while pending and walks < limit:
+            queued = {id(f) for f in pending}
+            nxt: list[Func] = []
+            self._changed_classes = set()
+            changed_modules = set()
+            for f in pending:
+                old_returns = f.returns
+                old_env = self.module_env.get(f.module.path) if f.is_module else None
                 f.calls = []
-                f.facts = Facts() if final else f.facts
-                w = Walker(self, f, final)
+                f.facts = Facts()
+                w = Walker(self, f, True)
                 w.run()
+                walks += 1
                 f.final_env = w.env
-            for f in order:
+                for callee, _p in f.calls:
+                    callers.setdefault(id(callee), set()).add(id(f))
+                if f.returns != old_returns:
+                    nxt.extend(by_id[c] for c in callers.get(id(f), ()))
+                if f.is_module and old_env is not None and self.module_env.get(f.module.path) != old_env:
+                    changed_modules.add(f.module.path)
                 for callee, params in f.calls:
                     for i, t in enumerate(params):
                         if i < len(callee.param_taint) and t:
                             c = substitute(t, f.param_taint)
                             if not c <= callee.param_taint[i]:
                                 callee.param_taint[i] = callee.param_taint[i] | c
-            after = [(f.returns, tuple(f.param_taint)) for f in order]
-            if final:
-                break
-            if before == after and not self._changed and rnd >= 1:
-                # stable: one more walk that records the facts
-                for f in order:
-                    f.calls = []
-                    f.facts = Facts()
-                    w = Walker(self, f, True)
-                    w.run()
-                    f.final_env = w.env
-                break
+                                nxt.append(callee)
+            for f in order:
+                if (f.cls is not None and id(f.cls) in self._changed_classes) or \
+                        (f.module.path in changed_modules and not f.is_module):
+                    nxt.append(f)
+            seen: set[int] = set()
+            pending = []
+            for f in nxt:
+                if id(f) not in seen:
+                    seen.add(id(f))
+                    pending.append(f)
+            del queued
 
     # -- queries ---------------------------------------------------------------------------------
     def taint(self, func: Func, expr: ast.AST) -> frozenset:

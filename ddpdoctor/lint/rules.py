@@ -18,7 +18,7 @@ from ..findings import Finding
 from .comm import Comm, CommModel
 from .finding import loc, make
 from .names import dotted
-from .program import Func, Program, _walk_scope
+from .program import Func, Program
 from .rankdep import describe, is_heuristic
 
 
@@ -27,9 +27,7 @@ def _canon(func: Func, node: ast.AST) -> str:
 
 
 def _calls(func: Func) -> list[ast.Call]:
-    out = [n for n in _walk_scope(func.node) if isinstance(n, ast.Call)]
-    out.sort(key=lambda c: (c.lineno, c.col_offset))
-    return out
+    return func.call_nodes
 
 
 def _arg(call: ast.Call, idx: int, kw: str | None = None) -> ast.AST | None:
@@ -66,18 +64,29 @@ class Rules:
 
     def run(self, enabled: set[str]) -> list[Finding]:
         out: list[Finding] = []
-        table = [("DD002", self.rank_shaped), ("DD003", self.missing_barrier), ("DD004", self.seeds),
-                 ("DD005", self.manual_allreduce), ("DD007", self.sampler), ("DD010", self.barrier_in_step),
-                 ("DD012", self.misuse)]
+        # (id, rule, words one of which the module's source must contain for the rule to apply:
+        # a cheap filter that keeps the linter fast on code that has nothing to do with it)
+        table = [("DD002", self.rank_shaped, ("all_reduce", "broadcast", "reduce", "gather")),
+                 ("DD003", self.missing_barrier, ("save", "open", "replace", "rename", "move", "copy")),
+                 ("DD004", self.seeds, ("seed", "random_split")),
+                 ("DD005", self.manual_allreduce, ("parameters",)),
+                 ("DD007", self.sampler, ("DistributedSampler",)),
+                 ("DD010", self.barrier_in_step, ("barrier",)),
+                 ("DD012", self.misuse, ("destroy_process_group", "new_group", "convert_sync_batchnorm"))]
+        per_module: dict[str, list] = {}
         for f in self.prog.funcs:
-            for cid, rule in table:
-                if cid in enabled:
-                    out.extend(rule(f))
+            rules = per_module.get(f.module.path)
+            if rules is None:
+                src = f.module.source
+                rules = per_module[f.module.path] = [rule for cid, rule, words in table
+                                                     if cid in enabled and any(w in src for w in words)]
+            for rule in rules:
+                out.extend(rule(f))
         return out
 
     # -- DD005 -------------------------------------------------------------------------------------
     def manual_allreduce(self, func: Func) -> Iterator[Finding]:
-        for node in _walk_scope(func.node):
+        for node in func.scope:
             if not isinstance(node, (ast.For, ast.AsyncFor)) or not isinstance(node.iter, ast.Call):
                 continue
             it = node.iter.func
@@ -118,7 +127,7 @@ class Rules:
 
     # -- DD007 -------------------------------------------------------------------------------------
     def _set_epoch_receivers(self, module) -> list[str]:
-        """Receivers of ``.set_epoch()`` calls in the module, and ``*.sampler`` ones anywhere."""
+        """Receivers of ``.set_epoch()`` calls in the module."""
         if self._set_epoch is None:
             out = []
             for f in self.prog.funcs:
@@ -126,7 +135,7 @@ class Rules:
                     if isinstance(call.func, ast.Attribute) and call.func.attr == "set_epoch":
                         out.append((f.module, dotted(call.func.value) or "?"))
             self._set_epoch = out
-        return [r for m, r in self._set_epoch if m is module or r.endswith(".sampler")]
+        return [r for m, r in self._set_epoch if m is module]
 
     def _is_sampler(self, expr: ast.AST, func: Func, line: int) -> ast.Call | None:
         if isinstance(expr, ast.Call):
@@ -213,14 +222,24 @@ class Rules:
                     a = call.func.attr
                     if (kind == "w" and a == "save_pretrained") or (kind == "r" and a == "from_pretrained"):
                         path = _arg(call, 0)
+                if path is not None and self._in_memory(path, func, call.lineno):
+                    continue
                 k = _key(path)
                 if k is not None and not isinstance(path, ast.Constant) or (
                         isinstance(path, ast.Constant) and isinstance(path.value, str)):
                     out.append((k, call.lineno, dotted(call.func) or canon))
         return out
 
+    def _in_memory(self, path: ast.AST, func: Func, line: int) -> bool:
+        """``torch.save(obj, buffer)`` with an io.BytesIO: no file involved."""
+        if isinstance(path, ast.Call):
+            return (dotted(path.func) or "").rsplit(".", 1)[-1] in ("BytesIO", "StringIO")
+        key = dotted(path)
+        value = self.prog.last_assignment(func, key, line + 1) if key else None
+        return isinstance(value, ast.Call) and (dotted(value.func) or "").rsplit(".", 1)[-1] in ("BytesIO", "StringIO")
+
     def missing_barrier(self, func: Func) -> Iterator[Finding]:
-        for stmts in _blocks(func.node):
+        for stmts in _blocks_of(func):
             for i, s in enumerate(stmts):
                 if not isinstance(s, ast.If):
                     continue
@@ -372,7 +391,7 @@ class Rules:
                     n = n.func.value
                 if dotted(n):
                     out.add(dotted(n))
-        for node in _walk_scope(func.node):
+        for node in func.scope:
             if isinstance(node, (ast.For, ast.AsyncFor)) and isinstance(node.iter, ast.Call) and \
                     isinstance(node.iter.func, ast.Attribute) and node.iter.func.attr in ("parameters", "named_parameters"):
                 if any(isinstance(c, ast.Call) and _canon(func, c.func).endswith(".broadcast")
@@ -410,7 +429,7 @@ class Rules:
         return False
 
     def misuse(self, func: Func) -> Iterator[Finding]:
-        for stmts in _blocks(func.node):
+        for stmts in _blocks_of(func):
             for i, s in enumerate(stmts):
                 if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)):
                     continue
@@ -467,8 +486,9 @@ class Rules:
         for call in _calls(func):
             canon = _canon(func, call.func)
             last = canon.rsplit(".", 1)[-1]
+            # broadcast is left out: its receivers size their buffer from metadata sent before
             if not canon.startswith("torch.distributed.") or last not in (
-                    "all_reduce", "reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"):
+                    "all_reduce", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor"):
                 continue
             arg = _arg(call, 0, "tensor")
             key = dotted(arg) if arg is not None else None
@@ -524,17 +544,22 @@ def _has_p2p_or_sync(cm: CommModel, s: ast.stmt, func: Func) -> bool:
     return False
 
 
-def _blocks(node: ast.AST) -> Iterator[list[ast.stmt]]:
-    """Every statement list in a scope (not into nested functions/classes)."""
+def _blocks_of(func: Func) -> list[list[ast.stmt]]:
+    got = func.__dict__.get("_blocks")
+    if got is None:
+        got = func.__dict__["_blocks"] = list(_blocks_gen(func))
+    return got
+
+
+def _blocks_gen(func: Func) -> Iterator[list[ast.stmt]]:
+    node = func.node
     if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
         yield node.body
-    for n in _walk_scope(node):
+    for n in func.scope:
         for field in ("body", "orelse", "finalbody"):
             sub = getattr(n, field, None)
             if isinstance(sub, list) and sub and isinstance(sub[0], ast.stmt):
                 yield sub
-        if isinstance(n, ast.ExceptHandler):
-            pass
 
 
 def _loops_with_outer(node: ast.AST):
