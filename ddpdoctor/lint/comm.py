@@ -11,6 +11,7 @@ function of the analysed files that does one of these, transitively.
 from __future__ import annotations
 
 import ast
+import bisect
 from dataclasses import dataclass
 
 from .names import dotted
@@ -224,13 +225,17 @@ class CommModel:
         return callee
 
     # -- sequences ---------------------------------------------------------------------------------
-    def calls_in(self, node: ast.AST) -> list[ast.Call]:
-        """Calls in an expression or simple statement, in source order (not into nested defs)."""
+    def calls_in(self, node: ast.AST, func: Func) -> list[ast.Call]:
+        """Calls in an expression or simple statement of ``func``, in source order (not into
+        nested defs): a slice of the function's sorted calls by source position."""
         got = self._calls.get(id(node))
         if got is None:
-            got = [n for n in ([node] if isinstance(node, ast.Call) else []) + list(_walk_scope(node))
-                   if isinstance(n, ast.Call)]
-            got.sort(key=lambda c: (c.lineno, c.col_offset))
+            calls = func.call_nodes
+            starts = func.call_starts
+            lo = bisect.bisect_left(starts, (node.lineno, node.col_offset))
+            end = (node.end_lineno or node.lineno, node.end_col_offset or 0)
+            hi = bisect.bisect_right(starts, end)
+            got = [c for c in calls[lo:hi] if (c.end_lineno or c.lineno, c.end_col_offset or 0) <= end]
             self._calls[id(node)] = got
         return got
 
@@ -301,7 +306,7 @@ class CommModel:
 
     def expr_events(self, node: ast.AST, func: Func) -> list[tuple]:
         out = []
-        for call in self.calls_in(node):
+        for call in self.calls_in(node, func):
             out.extend(self.events_of_call(call, func))
         return out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from dataclasses import dataclass, field
@@ -114,9 +115,17 @@ def lint(paths: list[str], config: LintConfig | None = None, select: list[str] |
     config = config or LintConfig()
     enabled = catalog.selected(select if select else config.select, ignore if ignore else config.ignore)
     t0 = time.perf_counter()
-    files, notes = discover(paths, config.exclude)
-    notes = list(config.notes) + notes
-    modules = load_modules(files, notes)
-    findings, more, n_sup = lint_modules(modules, config, enabled)
-    lines = sum(len(m.lines) for m in modules)
+    # The syntax trees are large graphs of small objects that live until the end: the cyclic
+    # garbage collector would scan them again and again (half the run time). Paused meanwhile.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        files, notes = discover(paths, config.exclude)
+        notes = list(config.notes) + notes
+        modules = load_modules(files, notes)
+        findings, more, n_sup = lint_modules(modules, config, enabled)
+        lines = sum(len(m.lines) for m in modules)
+    finally:
+        if was_enabled:
+            gc.enable()
     return LintResult(findings, notes + more, files, lines, n_sup, time.perf_counter() - t0)

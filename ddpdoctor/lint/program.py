@@ -84,6 +84,13 @@ class Func:
         return got
 
     @property
+    def call_starts(self) -> list:
+        got = self.__dict__.get("_starts")
+        if got is None:
+            got = self.__dict__["_starts"] = [(c.lineno, c.col_offset) for c in self.call_nodes]
+        return got
+
+    @property
     def is_module(self) -> bool:
         return isinstance(self.node, ast.Module)
 
@@ -152,8 +159,10 @@ class Program:
 
     def _spawn_targets(self) -> None:
         for f in self.funcs:
-            for node in ast.walk(f.node) if f.is_module else ():
-                if isinstance(node, ast.Call) and node.args:
+            if "spawn" not in f.module.source and "start_processes" not in f.module.source:
+                continue
+            for node in f.call_nodes:
+                if node.args:
                     canon = f.module.imports.canonical(node.func) or ""
                     if canon in SPAWN_FUNCS:
                         target = self._resolve_name(node.args[0], f)

@@ -439,7 +439,7 @@ class Rules:
                 if not direct and (callee is None or not self._destroys(callee)):
                     continue
                 for later in stmts[i + 1:]:
-                    calls = [x for x in self.cm.calls_in(later)]
+                    calls = self.cm.calls_in(later, func)
                     if any(_canon(func, x.func).endswith("init_process_group") for x in calls):
                         break
                     evs = self.cm.stmt(later, func)
@@ -537,7 +537,7 @@ def stmt_leaves(s: ast.stmt) -> bool:
 
 
 def _has_p2p_or_sync(cm: CommModel, s: ast.stmt, func: Func) -> bool:
-    for call in cm.calls_in(s):
+    for call in cm.calls_in(s, func):
         c = cm.classify(call, func)
         if isinstance(c, Comm):
             return True

@@ -230,7 +230,7 @@ class Structure:
         else:
             nodes = [s]
         for node in nodes:
-            for call in self.cm.calls_in(node):
+            for call in self.cm.calls_in(node, func):
                 callee, _b = self.prog.resolve(call, func)
                 if callee is None or callee is func:
                     continue
