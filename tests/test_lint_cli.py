@@ -252,3 +252,12 @@ def test_sarif_help_uri_and_stable_fingerprints(tmp_path):
 def test_pre_commit_hook_definition():
     text = (ROOT / ".pre-commit-hooks.yaml").read_text()
     assert "id: ddpdoctor-lint" in text and "entry: ddpdoctor lint" in text and "types: [python]" in text
+
+
+def test_the_linter_imports_nothing_of_the_rank_side_nor_torch():
+    code = ("import sys; from ddpdoctor.lint import lint; lint(['checks/hang/bad.py']); "
+            "print(sorted(m for m in sys.modules if m.startswith(('ddpdoctor', 'torch'))))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    mods = json.loads(p.stdout.strip().replace("'", '"'))
+    assert not [m for m in mods if m.startswith("torch")]
+    assert [m for m in mods if not m.startswith("ddpdoctor.lint")] == ["ddpdoctor", "ddpdoctor.findings"]
