@@ -173,6 +173,29 @@ def test_p2p_pipeline_and_subgroup_members_are_quiet():
         """)
 
 
+def test_correlated_conditions_are_simulated_rank_by_rank():
+    # "the first process prepares, the others wait": two barriers under opposite conditions
+    assert not found("""\
+        def prepare(args):
+            if args.local_rank not in [-1, 0]:
+                dist.barrier()
+            data = list(range(10))
+            if args.local_rank == 0:
+                dist.barrier()
+            return data
+        """)
+    # the same shape, but ranks 8 and up never reach the second barrier
+    assert ("DD001", "error", 6) in found("""\
+        def prepare(args):
+            if args.local_rank != 0:
+                dist.barrier()
+            data = list(range(10))
+            if args.local_rank == 0 or args.local_rank >= 8:
+                dist.barrier()
+            return data
+        """)
+
+
 def test_early_exit_decided_from_an_all_reduced_value_is_quiet():
     assert not found("""\
         rank = dist.get_rank()

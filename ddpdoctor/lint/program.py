@@ -275,10 +275,12 @@ class Program:
             if isinstance(node, ast.Assign):
                 for t in node.targets:
                     if isinstance(t, (ast.Tuple, ast.List)):
-                        for e in t.elts:
+                        v = node.value
+                        pairwise = isinstance(v, (ast.Tuple, ast.List)) and len(v.elts) == len(t.elts)
+                        for i, e in enumerate(t.elts):
                             k = dotted(e)
-                            if k:
-                                out.append((node.lineno, k, node.value))
+                            if k:  # `rank, world = dist.get_rank(), dist.get_world_size()`: element-wise
+                                out.append((node.lineno, k, v.elts[i] if pairwise else v))
                     else:
                         k = dotted(t)
                         if k:

@@ -82,6 +82,8 @@ UNIFORMING = {
     "all_gather_object": (0, "object_list"), "all_reduce_coalesced": (0, "tensors"),
 }
 SENTINELS = (-1, None)
+#: Calls whose items are their first argument's (a progress bar, a counter).
+PASS_THROUGH = frozenset({"tqdm", "trange", "enumerate", "track", "Progress"})
 #: Methods and keyword arguments that place a value on this rank's device without changing it.
 PLACEMENT_METHODS = frozenset({"to", "cuda", "pin_memory", "set_device"})
 PLACEMENT_KWARGS = frozenset({"map_location", "device", "device_ids", "output_device", "non_blocking",
@@ -241,6 +243,15 @@ class Evaluator:
         if isinstance(func, ast.Attribute) and func.attr in UNIFORM_METHODS and \
                 (dotted(func.value) or "").split(".")[-1] in ("accelerator", "xm", "accel", "fabric", "trainer"):
             return CLEAN
+        if last in PASS_THROUGH and node.args:
+            # progress bars and enumerate yield their first argument's items: `disable=rank != 0`
+            # or `position=rank` changes what is printed, not what is iterated
+            out = self(node.args[0])
+            for a in node.args[1:]:
+                self(a)
+            for kw in node.keywords:
+                self(kw.value)
+            return out
         if isinstance(func, ast.Attribute) and func.attr in PLACEMENT_METHODS:
             # moving a value to this rank's device does not change it
             out = self(func.value)
