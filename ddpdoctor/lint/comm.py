@@ -195,6 +195,8 @@ class CommModel:
                 and dotted(group) not in ("dist.group.WORLD", "torch.distributed.group.WORLD", "group.WORLD")
             if last in ("barrier", "monitored_barrier") and call.args:
                 sub = True
+            if last == "init_process_group" and any(kw.arg == "world_size" for kw in call.keywords):
+                sub = True  # explicit membership: the group is formed by the processes that call it
             return Comm(last, call.lineno, True, f"{text}()", p2p=last in P2P, subgroup=sub)
         if canon.startswith("torch.distributed.") and last == "destroy_process_group":
             return None
