@@ -523,3 +523,11 @@ def test_unparsable_and_odd_code_never_raises():
                 return self.x.y.z(*[], **{})
         """
     found(odd)  # no exception
+
+
+def test_absurdly_deep_code_is_skipped_with_a_note():
+    deep = "rank = dist.get_rank()\nx = " + " + ".join(["rank"] * 3000) + "\nif x:\n    dist.barrier()\n"
+    ok = "rank = dist.get_rank()\nif rank == 0:\n    dist.barrier()\n"
+    findings, notes, _n = lint_modules([Module("deep.py", HEAD + deep), Module("ok.py", HEAD + ok)], LintConfig())
+    assert any("deep.py" in n and "too deeply" in n for n in notes)
+    assert [(f.id, f.locations[0].file) for f in findings] == [("DD001", "ok.py")]

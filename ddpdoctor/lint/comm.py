@@ -263,7 +263,11 @@ class CommModel:
         if id(func) in self._busy:
             return []  # recursion: counted once
         self._busy.add(id(func))
-        out = self.block(func.body, func)
+        try:
+            out = self.block(func.body, func)
+        except RecursionError:
+            out = []
+            self.prog.skip(func)
         self._busy.discard(id(func))
         self._seq[id(func)] = out
         return out

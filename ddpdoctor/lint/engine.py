@@ -76,6 +76,7 @@ def lint_modules(modules: list[Module], config: LintConfig | None = None,
         if os.environ.get("DDPDOCTOR_DEBUG"):
             raise
         notes.append(f"a rule failed: {type(exc).__name__}: {exc}")
+    notes.extend(prog.notes)
     by_display = {m.display: m for m in modules}
     tables = {}
     out: list[Finding] = []

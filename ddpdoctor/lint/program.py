@@ -116,6 +116,8 @@ class Program:
         self.by_module_name: dict[str, list[Module]] = {}
         self.func_of_node: dict[int, Func] = {}
         self._changed_classes: set[int] = set()
+        self.notes: list[str] = []
+        self.skipped: set[int] = set()
         for m in modules:
             self.by_module_name.setdefault(m.name, []).append(m)
             self._index(m)
@@ -393,7 +395,11 @@ class Program:
                 f.calls = []
                 f.facts = Facts()
                 w = Walker(self, f, True)
-                w.run()
+                try:
+                    w.run()
+                except RecursionError:  # an absurdly deep expression: this function is skipped
+                    self.skip(f)
+                    f.facts = Facts()
                 walks += 1
                 f.final_env = w.env
                 for callee, _p in f.calls:
@@ -420,6 +426,13 @@ class Program:
                     seen.add(id(f))
                     pending.append(f)
             del queued
+
+    def skip(self, f: Func) -> None:
+        """Note (once) a function too deeply nested to analyse."""
+        if id(f) not in self.skipped:
+            self.skipped.add(id(f))
+            line = getattr(f.node, "lineno", 1)
+            self.notes.append(f"{f.module.display}:{line}: {f.name} is nested too deeply to analyse; skipped")
 
     # -- queries ---------------------------------------------------------------------------------
     def taint(self, func: Func, expr: ast.AST) -> frozenset:

@@ -80,8 +80,13 @@ class Rules:
                 src = f.module.source
                 rules = per_module[f.module.path] = [rule for cid, rule, words in table
                                                      if cid in enabled and any(w in src for w in words)]
+            if id(f) in self.prog.skipped:
+                continue
             for rule in rules:
-                out.extend(rule(f))
+                try:
+                    out.extend(rule(f))
+                except RecursionError:
+                    self.prog.skip(f)
         return out
 
     # -- DD005 -------------------------------------------------------------------------------------

@@ -52,7 +52,12 @@ class Structure:
     # -- walking -----------------------------------------------------------------------------------
     def run(self) -> list[Finding]:
         for f in self.prog.funcs:
-            self.visit(f, f.body, [])
+            if id(f) in self.prog.skipped:
+                continue
+            try:
+                self.visit(f, f.body, [])
+            except RecursionError:
+                self.prog.skip(f)
         return self.out
 
     def visit(self, func: Func, stmts: list[ast.stmt], stack: list) -> None:
