@@ -18,8 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "tests" / "data" / "sarif-schema-2.1.0.json"
 
-#: checks/<category>/bad.py -> (id, primary line) the linter must report. p2p-mismatch is left out:
-#: its bug (3 sends, 2 receives) is a count, which the linter does not compare (docs/lint.md).
+#: checks/<category>/bad.py -> (id, primary line) the linter must report (every category whose bug
+#: shows in the source; hang/bad.py's hang is a rank-divergent DDP forward, DD001).
 BAD = {
     "collective-mismatch": [("DD002", 22)],
     "collective-misuse": [("DD012", 27), ("DD012", 36)],
@@ -27,6 +27,7 @@ BAD = {
     "divergent-collectives": [("DD001", 24)],
     "hang": [("DD001", 26)],
     "missing-barrier": [("DD003", 33)],
+    "p2p-mismatch": [("DD011", 23)],
     "rank-failed": [("DD008", 17)],
     "sampler-misuse": [("DD007", 27)],
     "sync-overhead": [("DD010", 34)],

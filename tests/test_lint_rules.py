@@ -494,6 +494,41 @@ def test_dd010_barrier_every_step():
     assert not found(src.format(per_epoch="dist.barrier()", per_step="pass"))
 
 
+def test_dd011_point_to_point_counts():
+    src = """\
+        CHUNKS = 3
+        rank = dist.get_rank()
+        if rank == 0:
+            for i in range(CHUNKS):
+                dist.send(torch.ones(4), dst=1)
+        else:
+            for _ in range({n}):
+                buf = torch.empty(4)
+                dist.recv(buf, src=0)
+        """
+    assert found(src.format(n="CHUNKS - 1")) == [("DD011", "error", 5)]
+    assert not found(src.format(n="CHUNKS"))  # matches with 2 ranks: the program may be meant for 2
+    assert not found("""\
+        rank, world = dist.get_rank(), dist.get_world_size()
+        for _micro in range(4):
+            if rank == 0:
+                dist.send(torch.randn(2, 4), dst=1)
+                g = torch.empty(2, 4)
+                dist.recv(g, src=1)
+            elif rank == 1:
+                a = torch.empty(2, 4)
+                dist.recv(a, src=0)
+                dist.send(a * 2, dst=0)
+        right = torch.empty(2)
+        if rank % 2 == 0:
+            dist.send(torch.ones(2), dst=(rank + 1) % world)
+            dist.recv(right, src=(rank + 1) % world)
+        else:
+            dist.recv(right, src=(rank - 1) % world)
+            dist.send(torch.ones(2), dst=(rank - 1) % world)
+        """)
+
+
 # -- suppression --------------------------------------------------------------------------------
 
 def test_suppression_comment():

@@ -72,7 +72,8 @@ class Rules:
                  ("DD005", self.manual_allreduce, ("parameters",)),
                  ("DD007", self.sampler, ("DistributedSampler",)),
                  ("DD010", self.barrier_in_step, ("barrier",)),
-                 ("DD012", self.misuse, ("destroy_process_group", "new_group", "convert_sync_batchnorm"))]
+                 ("DD012", self.misuse, ("destroy_process_group", "new_group", "convert_sync_batchnorm")),
+                 ("DD011", self.p2p_counts, ("send", "recv"))]
         per_module: dict[str, list] = {}
         for f in self.prog.funcs:
             rules = per_module.get(f.module.path)
@@ -483,6 +484,32 @@ class Rules:
                                f"buffers, so the converted layers are not the ones it synchronises.",
                                [loc(func.module, call.lineno, "call", func.name)],
                                fix="Convert first, then wrap: DDP(nn.SyncBatchNorm.convert_sync_batchnorm(model)).")
+
+    # -- DD011 -------------------------------------------------------------------------------------
+    def p2p_counts(self, func: Func) -> Iterator[Finding]:
+        from .simulate import Simulator
+
+        if not any(isinstance(c, ast.Call) and isinstance(c.func, (ast.Attribute, ast.Name)) and
+                   (dotted(c.func) or "").rsplit(".", 1)[-1] in ("send", "recv", "isend", "irecv")
+                   for c in func.call_nodes):
+            return
+        sim = self.__dict__.setdefault("_sim", Simulator(self.prog, self.cm))
+        bad = sim.p2p_mismatch(func)
+        if bad is None:
+            return
+        a, b, n, m = bad["rank"], bad["peer"], bad["count"], bad["other"]
+        verb, back = ("sends", "receives") if bad["kind"] == "send" else ("receives", "sends")
+        prep = "to" if bad["kind"] == "send" else "from"
+        other = f"rank {b} {back} {m} (line {bad['other_line']})" if bad["other_line"] else \
+            f"rank {b} {back} none"
+        locs = [loc(func.module, bad["line"], "call", func.name)]
+        if bad["other_line"]:
+            locs.append(loc(func.module, bad["other_line"], "call", func.name))
+        yield make("DD011", "error",
+                   f"Rank {a} {verb} {n} message(s) {prep} rank {b} (line {bad['line']}) but {other}: the extra "
+                   f"call waits forever. Counted with constant loop bounds for every world size from 2 to 8 "
+                   f"(with {bad['world']} ranks, for example); no size makes them match.",
+                   locs, fix="Make every send match one receive on the peer (same count, same order).")
 
     # -- DD002 -------------------------------------------------------------------------------------
     FACTORIES = frozenset({"rand", "randn", "zeros", "ones", "empty", "full", "arange", "randint"})

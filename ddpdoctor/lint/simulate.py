@@ -24,6 +24,11 @@ INT_NAMES = frozenset({"rank", "local_rank", "global_rank", "process_index", "lo
                        "world_rank", "proc_rank"})
 BOOL_NAMES = frozenset({"is_main_process", "is_local_main_process", "is_global_zero", "is_master", "is_main",
                         "is_rank_zero", "is_local_zero"})
+WORLD_NAMES = frozenset({"world_size", "world", "num_processes", "nprocs", "ws"})
+P2P_SEND = {"send": 1, "isend": 1, "send_object_list": 1}
+P2P_RECV = {"recv": 1, "irecv": 1, "recv_object_list": 1}
+#: World sizes tried for point-to-point matching: a mismatch is reported only when it shows in all.
+WORLDS = (2, 3, 4, 5, 6, 7, 8)
 _CMP = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
         ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not,
         ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
@@ -40,6 +45,8 @@ class Simulator:
         self.prog = prog
         self.cm = cm
         self._agree: dict[int, bool | None] = {}
+        #: the world size while point-to-point traffic is simulated (None: unknown)
+        self.world: int | None = None
 
     def ranks_agree(self, func: Func) -> bool | None:
         """True when ranks 0-3 issue the same communication through ``func``; False when they
@@ -184,11 +191,19 @@ class Simulator:
             if k is not None:
                 if k in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID"):
                     return str(r)
+                if k == "WORLD_SIZE" and self.world is not None:
+                    return str(self.world)
                 raise Undecidable
             canon = (func.module.imports.canonical(e.func) or "").replace(".distributed_c10d.", ".")
             if canon in RANK_FUNCS and canon.rsplit(".", 1)[-1] in ("get_rank", "get_local_rank",
                                                                     "get_node_local_rank", "get_ordinal"):
                 return r
+            if self.world is not None and canon == "torch.distributed.get_world_size" and not e.args:
+                return self.world
+            if dotted(e.func) == "range" and 1 <= len(e.args) <= 3:
+                return range(*[self.value(a, func, r, depth + 1) for a in e.args])
+            if dotted(e.func) == "len" and len(e.args) == 1:
+                return len(self.value(e.args[0], func, r, depth + 1))
             if dotted(e.func) in ("int", "str") and len(e.args) == 1:
                 v = self.value(e.args[0], func, r, depth + 1)
                 return int(v) if dotted(e.func) == "int" else str(v)
@@ -197,6 +212,8 @@ class Simulator:
             k = env_key(e)
             if k in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID"):
                 return str(r)
+            if k == "WORLD_SIZE" and self.world is not None:
+                return str(self.world)
             raise Undecidable
         key = dotted(e)
         if key is None:
@@ -210,9 +227,112 @@ class Simulator:
         last = key.rsplit(".", 1)[-1]
         if last in INT_NAMES or (key in func.params and key in RANK_PARAMS):
             return r
+        if self.world is not None and last in WORLD_NAMES:
+            return self.world
         if last in BOOL_NAMES:
             return r == 0
         if key in func.params and func.param_taint[func.params.index(key)]:
             if any("passes" in reason for reason in func.param_taint[func.params.index(key)]):
                 return r  # the rank mp.spawn passes
         raise Undecidable
+
+
+    # -- point-to-point traffic ------------------------------------------------------------------
+    def p2p_mismatch(self, func: Func) -> dict | None:
+        """The first unmatched point-to-point traffic when it is unmatched for every world size
+        tried (2-8); None when it matches for some size, or cannot be computed."""
+        first = None
+        for w in WORLDS:
+            self.world = w
+            try:
+                per_rank = {r: self.p2p_block(func.body, func, r) for r in range(w)}
+            except (Undecidable, RecursionError, TypeError, ValueError, ZeroDivisionError):
+                return None
+            finally:
+                self.world = None
+            bad = _unmatched(per_rank, w)
+            if bad is None:
+                return None
+            if first is None:
+                first = bad
+        return first
+
+    def p2p_block(self, stmts, func: Func, r: int) -> dict:
+        """{(kind, peer): [count, first line]} for rank r through these statements."""
+        out: dict = {}
+        for s in stmts:
+            if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if isinstance(s, (ast.Return, ast.Raise, ast.Break, ast.Continue)):
+                if self._p2p_calls(s, func):
+                    raise Undecidable
+                return out  # what follows is not reached on this path
+            if isinstance(s, ast.If):
+                if self.prog.test_taint(func, s):
+                    sub = self.p2p_block(s.body if self.value(s.test, func, r, 0) else s.orelse, func, r)
+                else:
+                    a, b = self.p2p_block(s.body, func, r), self.p2p_block(s.orelse, func, r)
+                    if a != b:
+                        raise Undecidable
+                    sub = a
+                _merge(out, sub, 1)
+                continue
+            if isinstance(s, (ast.For, ast.AsyncFor)):
+                sub = self.p2p_block(s.body, func, r)
+                if sub:
+                    if not (isinstance(s.iter, ast.Call) and dotted(s.iter.func) == "range"):
+                        raise Undecidable
+                    _merge(out, sub, len(self.value(s.iter, func, r, 0)))
+                continue
+            if isinstance(s, ast.While):
+                if self.p2p_block(s.body, func, r):
+                    raise Undecidable
+                continue
+            if isinstance(s, (ast.With, ast.AsyncWith, ast.Try)):
+                _merge(out, self.p2p_block(s.body, func, r), 1)
+                continue
+            for call, kind in self._p2p_calls(s, func):
+                peer_node = next((k.value for k in call.keywords if k.arg in ("dst", "src")), None)
+                if peer_node is None and len(call.args) > 1:
+                    peer_node = call.args[1]
+                if peer_node is None or any(k.arg == "group" for k in call.keywords):
+                    raise Undecidable
+                peer = self.value(peer_node, func, r, 0)
+                if not isinstance(peer, int):
+                    raise Undecidable
+                _merge(out, {(kind, peer): [1, call.lineno]}, 1)
+        return out
+
+    def _p2p_calls(self, s: ast.stmt, func: Func) -> list:
+        out = []
+        for call in self.cm.calls_in(s, func):
+            canon = (func.module.imports.canonical(call.func) or "").replace(".distributed_c10d.", ".")
+            last = canon.rsplit(".", 1)[-1]
+            if canon.startswith("torch.distributed.") and (last in P2P_SEND or last in P2P_RECV):
+                out.append((call, "send" if last in P2P_SEND else "recv"))
+            elif canon.startswith("torch.distributed.") and last == "batch_isend_irecv":
+                raise Undecidable
+        return out
+
+
+def _merge(out: dict, sub: dict, times: int) -> None:
+    for k, (n, line) in sub.items():
+        if k in out:
+            out[k][0] += n * times
+        else:
+            out[k] = [n * times, line]
+
+
+def _unmatched(per_rank: dict, w: int) -> dict | None:
+    """The first (sender, receiver) pair whose message counts differ, or None."""
+    for a in range(w):
+        for (kind, peer), (n, line) in sorted(per_rank[a].items(), key=lambda kv: kv[1][1]):
+            if not 0 <= peer < w or peer == a:
+                return {"rank": a, "kind": kind, "peer": peer, "count": n, "line": line, "other": 0,
+                        "other_line": None, "world": w}
+            back = "recv" if kind == "send" else "send"
+            m, oline = per_rank[peer].get((back, a), [0, None])
+            if m != n:
+                return {"rank": a, "kind": kind, "peer": peer, "count": n, "line": line, "other": m,
+                        "other_line": oline, "world": w}
+    return None
