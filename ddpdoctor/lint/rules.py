@@ -21,6 +21,14 @@ from .names import dotted
 from .program import Func, Program
 from .rankdep import describe, is_heuristic
 
+#: torch.nn layers whose weights are drawn at random when built.
+RANDOM_LAYERS = frozenset({
+    "Linear", "Bilinear", "LazyLinear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
+    "ConvTranspose3d", "LazyConv1d", "LazyConv2d", "LazyConv3d", "Embedding", "EmbeddingBag", "RNN", "LSTM", "GRU",
+    "RNNCell", "LSTMCell", "GRUCell", "MultiheadAttention", "Transformer", "TransformerEncoderLayer",
+    "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder",
+})
+
 
 def _canon(func: Func, node: ast.AST) -> str:
     return (func.module.imports.canonical(node) or "").replace(".distributed_c10d.", ".")
@@ -377,13 +385,26 @@ class Rules:
                        fix="Seed the same on every rank before building the model (per-rank seeds after it), wrap it "
                            "in DDP (which broadcasts rank 0's weights), or broadcast its parameters.")
 
-    def _is_module_ctor(self, call: ast.Call, func: Func) -> bool:
+    def _is_module_ctor(self, call: ast.Call, func: Func, depth: int = 0) -> bool:
+        """Whether a call builds a module with randomly initialised weights: a torch.nn layer
+        that has them (not a loss, an activation or a norm layer, which start the same
+        everywhere), a container of such layers, or a class of the analysed code that builds one."""
         canon = _canon(func, call.func)
         last = canon.rsplit(".", 1)[-1]
-        if canon.startswith("torch.nn.") and last[:1].isupper() and canon.count(".") == 2:
-            return True
+        if canon.startswith("torch.nn."):
+            if last in RANDOM_LAYERS:
+                return True
+            if last in ("Sequential", "ModuleList") and depth < 4:
+                return any(isinstance(a, ast.Call) and self._is_module_ctor(a, func, depth + 1) for a in call.args)
+            return False
         cls = self.prog.class_named(last) if last in self.prog.classes else None
-        return cls is not None and any("Module" in (dotted(b) or "") for b in cls.bases)
+        if cls is None or depth >= 3 or not any("Module" in (dotted(b) or "") for b in cls.bases):
+            return False
+        for m in self.prog._class_funcs(cls):
+            for c in m.call_nodes:
+                if self._is_module_ctor(c, m, depth + 1):
+                    return True
+        return False
 
     def _wrapped_models(self, func: Func) -> set[str]:
         """Names passed to DDP/FSDP, or whose parameters are broadcast, in this scope."""
