@@ -405,6 +405,19 @@ def test_dd004_seeds():
         torch.manual_seed(rank)
         head = nn.Linear(4, 1)
         """) == [("DD004", "error", 3)]
+    user_module = """\
+        class Head(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = {layer}
+
+        rank = dist.get_rank()
+        torch.manual_seed(rank)
+        criterion = nn.CrossEntropyLoss()
+        head = Head()
+        """
+    assert found(user_module.format(layer="nn.Linear(4, 1)")) == [("DD004", "error", 9)]
+    assert not found(user_module.format(layer="nn.ReLU()"))  # nothing random to initialise
 
 
 def test_dd005_manual_allreduce_of_ddp_gradients():
