@@ -130,7 +130,7 @@ class Rules:
                     continue
                 model = dotted(owner) or "the model"
                 msg = (f"{dotted(call.func)}() at line {call.lineno} reduces the {what} of `{model}`, which is "
-                       f"wrapped in {'DistributedDataParallel' if k[0] == 'ddp' else 'FSDP'} (line of the loop: "
+                       f"wrapped in {'DistributedDataParallel' if k[0] == 'ddp' else 'FSDP'} (the loop at line "
                        f"{node.lineno}); DDP already averages gradients in backward, so this sums the averages "
                        f"(x world size) and costs a second all-reduce per parameter.")
                 yield make("DD005", sev, msg, [loc(func.module, call.lineno, "call", func.name),
@@ -279,7 +279,7 @@ class Rules:
                         continue
                     sev = "warning" if is_heuristic(t) else "error"
                     yield make("DD003", sev,
-                               f"Ranks where `if {ast.unparse(s.test)}:` (line {s.lineno}) holds write `{path}` "
+                               f"Ranks where `{ast.unparse(s.test)}` (line {s.lineno}) holds write `{path}` "
                                f"({w[2]}, line {w[1]}) and the file is read ({rcall}, line {rline}) {where} with no "
                                f"collective between: nothing orders the write before the read (a half-written or "
                                f"stale file). The condition depends on the rank through {describe(t)}.",

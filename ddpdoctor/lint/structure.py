@@ -136,7 +136,8 @@ class Structure:
             elif exit_kind:
                 instead = f"{_exit_words(exit_kind)} without it"
             else:
-                instead = "go on without it"
+                after = self.rest(func, stack, "return") or []
+                instead = (f"go on without it, to {_what(after[0][1])}" if after else "go on without it")
             check_id = "DD012" if c.op in GROUP_OPS else "DD001"
             sev = "error" if (sure_cond and c.sure) else "warning"
             msg = (f"{_what(c)} runs only on ranks where `{cond_text}` (line "
