@@ -583,3 +583,16 @@ def test_absurdly_deep_code_is_skipped_with_a_note(tmp_path):
     res = lint_paths([str(tmp_path)])
     assert any("ok.py" in f.locations[0].file and f.id == "DD001" for f in res.findings)
     assert any("deep3000.py" in n for n in res.notes), res.notes
+
+
+def test_settings_without_a_toml_reader_fall_back_with_a_note(tmp_path, monkeypatch):
+    import sys
+
+    from ddpdoctor.lint.config import load_config
+
+    p = tmp_path / "pyproject.toml"
+    p.write_text('[tool.ddpdoctor.lint]\nrank-names = ["leader"]\n')
+    assert load_config(str(p)).rank_names == ["leader"]
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # as on Python 3.9/3.10
+    cfg = load_config(str(p))
+    assert cfg.rank_names == [] and "needs Python 3.11" in cfg.notes[0]

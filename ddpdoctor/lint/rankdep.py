@@ -320,8 +320,19 @@ def condition_is_rank_dependent(source_text: str, lineno: int, filename: str = "
     """
     from .program import Program
 
-    try:
-        prog = Program.from_sources({filename: source_text})
-    except SyntaxError as exc:
-        return Verdict("unknown", f"the source does not parse: {exc.msg} (line {exc.lineno})")
+    key = (filename, hash(source_text))
+    prog = _PROGRAMS.get(key)
+    if prog is None:
+        try:
+            prog = Program.from_sources({filename: source_text})
+        except SyntaxError as exc:
+            return Verdict("unknown", f"the source does not parse: {exc.msg} (line {exc.lineno})")
+        except (ValueError, RecursionError) as exc:
+            return Verdict("unknown", f"the source cannot be analysed ({type(exc).__name__})")
+        if len(_PROGRAMS) >= 32:  # a small cache: a trace analysis asks about many lines of few files
+            _PROGRAMS.pop(next(iter(_PROGRAMS)))
+        _PROGRAMS[key] = prog
     return prog.condition_verdict(filename, lineno)
+
+
+_PROGRAMS: dict = {}
