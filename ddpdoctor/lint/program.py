@@ -459,13 +459,17 @@ class Program:
         return substitute(t, func.param_taint)
 
     def func_at(self, module: Module, line: int) -> Func:
+        """The innermost function of ``module`` whose source spans ``line`` (else its top level)."""
+        idx = self.__dict__.setdefault("_func_idx", {})
+        funcs = idx.get(module.path)
+        if funcs is None:
+            funcs = idx[module.path] = [f for f in self.funcs if f.module is module and not f.is_module]
         best = self.module_func[module.path]
-        for f in self.funcs:
-            if f.module is module and not f.is_module:
-                n = f.node
-                if n.lineno <= line <= (n.end_lineno or n.lineno):
-                    if best.is_module or n.lineno >= best.node.lineno:
-                        best = f
+        for f in funcs:
+            n = f.node
+            if n.lineno <= line <= (n.end_lineno or n.lineno):
+                if best.is_module or n.lineno >= best.node.lineno:
+                    best = f
         return best
 
     def condition_verdict(self, path: str, lineno: int) -> Verdict:
