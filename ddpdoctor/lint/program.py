@@ -460,10 +460,13 @@ class Program:
 
     def func_at(self, module: Module, line: int) -> Func:
         """The innermost function of ``module`` whose source spans ``line`` (else its top level)."""
-        idx = self.__dict__.setdefault("_func_idx", {})
-        funcs = idx.get(module.path)
-        if funcs is None:
-            funcs = idx[module.path] = [f for f in self.funcs if f.module is module and not f.is_module]
+        idx = self.__dict__.get("_func_idx")
+        if idx is None:
+            idx = self.__dict__["_func_idx"] = {}
+            for f in self.funcs:
+                if not f.is_module:
+                    idx.setdefault(f.module.path, []).append(f)
+        funcs = idx.get(module.path, ())
         best = self.module_func[module.path]
         for f in funcs:
             n = f.node

@@ -187,7 +187,7 @@ class Rules:
         for _ln, target, value in self.prog.assignments(func):
             if isinstance(value, ast.Call) and id(value) in loaders:
                 assigned[target] = loaders[id(value)]
-        for node, outer in _loops_with_outer(func.node):
+        for node, outer in _loops_of(func):
             if outer is None:
                 continue
             it = node.iter
@@ -428,7 +428,7 @@ class Rules:
 
     # -- DD010 -------------------------------------------------------------------------------------
     def barrier_in_step(self, func: Func) -> Iterator[Finding]:
-        for node, _outer in _loops_with_outer(func.node):
+        for node, _outer in _loops_of(func):
             # the barrier and the DDP step at the same loop level (a per-epoch barrier is fine)
             flat = [s for s in node.body if not isinstance(s, (ast.For, ast.AsyncFor, ast.While, ast.If))]
             direct = [c for s in flat for _k, c in self.cm.stmt(s, func)]
@@ -613,6 +613,13 @@ def _blocks_gen(func: Func) -> Iterator[list[ast.stmt]]:
             sub = getattr(n, field, None)
             if isinstance(sub, list) and sub and isinstance(sub[0], ast.stmt):
                 yield sub
+
+
+def _loops_of(func: Func) -> list:
+    got = func.__dict__.get("_loops")
+    if got is None:
+        got = func.__dict__["_loops"] = _loops_with_outer(func.node)
+    return got
 
 
 def _loops_with_outer(node: ast.AST):
