@@ -297,6 +297,36 @@ def test_ddp_forward_under_rank_condition_depends_on_buffers():
         """)
 
 
+def test_ddp_forward_of_a_user_model_judged_by_what_it_builds():
+    src = """\
+        class Block(nn.Module):
+            def __init__(self, n, cfg):
+                super().__init__()
+                self.cfg = cfg
+                self.fc = nn.Linear(n, n)
+                self.norm = {norm}
+                self.apply(self._init)
+
+            def _init(self, m):
+                pass
+
+        class Net(nn.Module):
+            def __init__(self, cfg):
+                super().__init__()
+                self.blocks = nn.ModuleList([Block(4, cfg) for _ in range(2)])
+
+        rank = dist.get_rank()
+        model = DDP(Net(None))
+        if rank == 0:
+            with torch.no_grad():
+                model(torch.randn(2, 4))
+        dist.barrier()
+        """
+    assert not found(src.format(norm="nn.LayerNorm(n)"))
+    assert found(src.format(norm="nn.BatchNorm1d(n)")) == [("DD001", "error", 21)]
+    assert found(src.format(norm="nn.BatchNorm1d(n) if cfg else nn.LayerNorm(n)")) == [("DD001", "warning", 21)]
+
+
 def test_rank_dependent_trip_count():
     assert ("DD001", "error", 3) in found("""\
         rank = dist.get_rank()

@@ -126,7 +126,7 @@ class CommModel:
 
     def buffers(self, mod: ast.AST, func: Func, line: int, depth: int = 0) -> bool | None:
         """Whether a module expression holds buffers: True, False, or None (not in view)."""
-        if depth > 6 or mod is None:
+        if depth > 10 or mod is None:
             return None
         if isinstance(mod, ast.Call):
             canon = _canon(self.prog, func, mod.func)
@@ -154,6 +154,9 @@ class CommModel:
                     return any(kw.arg == "track_running_stats" and isinstance(kw.value, ast.Constant)
                                and kw.value.value is True for kw in mod.keywords)
                 return False
+            cls = self.prog.class_named(last, func.module) if last in self.prog.classes else None
+            if cls is not None:
+                return self.class_buffers(cls)
             return None
         key = dotted(mod)
         if key is not None:
@@ -162,6 +165,70 @@ class CommModel:
                 owner = self.prog.func_at(func.module, value.lineno)
                 return self.buffers(value, owner, getattr(value, "lineno", line), depth + 1)
         return None
+
+    def class_buffers(self, cls: ast.ClassDef, depth: int = 0) -> bool | None:
+        """Whether a module class of the analysed code holds buffers, from what its ``__init__``
+        builds: True when it builds a buffered layer, False when it builds only buffer-free
+        torch.nn layers and buffer-free classes of its own (and registers no buffer), None when
+        anything else is involved (a module passed in, a factory out of view, register_buffer)."""
+        if depth > 8 or not any("Module" in (dotted(b) or "") for b in cls.bases):
+            return None
+        init = self.prog.method(cls, "__init__")
+        if init is None:
+            return None
+        params = set(init.params[1:])
+        conditional = set()  # calls made only on some paths (`BatchNorm1d(n) if norm else LayerNorm(n)`)
+        for node in init.scope:
+            if isinstance(node, (ast.If, ast.IfExp)):
+                for part in (node.body, node.orelse):
+                    for sub in (part if isinstance(part, list) else [part]):
+                        conditional.update(id(c) for c in ast.walk(sub) if isinstance(c, ast.Call))
+        verdict: bool | None = False
+        for node in init.scope:
+            if isinstance(node, ast.Call):
+                canon = _canon(self.prog, init, node.func)
+                last = canon.rsplit(".", 1)[-1]
+                if isinstance(node.func, ast.Attribute) and node.func.attr == "register_buffer":
+                    return None
+                if last in BUFFERED:
+                    if id(node) in conditional:
+                        verdict = None
+                        continue
+                    return True
+                if canon.startswith("torch.nn.") and not canon.startswith("torch.nn.parallel."):
+                    if last.startswith("InstanceNorm") or last.startswith("LazyInstanceNorm"):
+                        verdict = None
+                    continue
+                sub = self.prog.class_named(last, init.module) if last in self.prog.classes else None
+                if sub is not None and sub is not cls:
+                    b = self.class_buffers(sub, depth + 1)
+                    if b is True:
+                        return True
+                    if b is None:
+                        verdict = None
+                    continue
+                if dotted(node.func) in ("dict", "list", "tuple", "range", "len", "int", "float", "min", "max",
+                                         "super", "zip", "enumerate", "getattr", "isinstance", "print"):
+                    continue
+                if isinstance(node.func, ast.Attribute) and (
+                        node.func.attr == "__init__" or (dotted(node.func) or "").startswith("self.")):
+                    continue  # super().__init__(), self.apply(init_fn), self._init_weights(...)
+                verdict = None  # a factory or helper out of view
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in params:
+                for t in node.targets:
+                    k = dotted(t)
+                    if k and k.startswith("self.") and self._called(cls, k):
+                        verdict = None  # a module passed in (it is called): its buffers are not in view
+        return verdict
+
+    def _called(self, cls: ast.ClassDef, key: str) -> bool:
+        """Whether ``self.<attr>`` is called in some method of the class (a stored module is;
+        a stored config is not)."""
+        for m in self.prog._class_funcs(cls):
+            for c in m.call_nodes:
+                if dotted(c.func) == key:
+                    return True
+        return False
 
     def from_ddp(self, expr: ast.AST, func: Func, line: int, depth: int = 0) -> bool:
         """Whether an expression is computed from a DDP/FSDP model's output (a loss)."""

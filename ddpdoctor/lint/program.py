@@ -177,9 +177,29 @@ class Program:
                     f.param_taint[i] |= frozenset({f"~parameter `{p}` of {f.name}()"})
 
     # -- resolution ------------------------------------------------------------------------------
-    def class_named(self, name: str) -> ast.ClassDef | None:
+    def class_named(self, name: str, module: Module | None = None) -> ast.ClassDef | None:
+        """The analysed class of that name: the one of ``module`` or of the module it imports the
+        name from, else the only one in the program (None when ambiguous)."""
         found = self.classes.get(name)
-        return found[0][1] if found and len(found) == 1 else None
+        if not found:
+            return None
+        if module is not None and len(found) > 1:
+            for m, c in found:
+                if m is module:
+                    return c
+            canon = module.imports.alias.get(name)
+            if canon:
+                src = canon.rpartition(".")[0].rsplit(".", 1)[-1]
+                for m, c in found:
+                    if m.name == src:
+                        return c
+        return found[0][1] if len(found) == 1 else None
+
+    def _module_of(self, cls: ast.ClassDef) -> Module | None:
+        for m, c in self.classes.get(cls.name, ()):
+            if c is cls:
+                return m
+        return None
 
     def method(self, cls: ast.ClassDef, name: str, depth: int = 0) -> Func | None:
         f = self.methods.get((id(cls), name))
@@ -187,7 +207,7 @@ class Program:
             return f
         for b in cls.bases:
             base = dotted(b)
-            bc = self.class_named(base.rsplit(".", 1)[-1]) if base else None
+            bc = self.class_named(base.rsplit(".", 1)[-1], self._module_of(cls)) if base else None
             if bc is not None and bc is not cls:
                 f = self.method(bc, name, depth + 1)
                 if f is not None:
@@ -220,7 +240,7 @@ class Program:
         """The analysed class an expression is an instance of, when it was built in view."""
         if isinstance(expr, ast.Call):
             name = dotted(expr.func)
-            return self.class_named(name.rsplit(".", 1)[-1]) if name else None
+            return self.class_named(name.rsplit(".", 1)[-1], func.module) if name else None
         key = dotted(expr)
         if key is None:
             return None
@@ -307,7 +327,7 @@ class Program:
             target = self._resolve_name(f, func)
             if target is not None:
                 return target, False
-            cls = self.class_named(f.id) if (f.id in self.classes) else None
+            cls = self.class_named(f.id, func.module) if (f.id in self.classes) else None
             if cls is not None:
                 init = self.method(cls, "__init__")
                 return (init, True) if init is not None else (None, False)

@@ -397,7 +397,7 @@ class Rules:
             if last in ("Sequential", "ModuleList") and depth < 4:
                 return any(isinstance(a, ast.Call) and self._is_module_ctor(a, func, depth + 1) for a in call.args)
             return False
-        cls = self.prog.class_named(last) if last in self.prog.classes else None
+        cls = self.prog.class_named(last, func.module) if last in self.prog.classes else None
         if cls is None or depth >= 3 or not any("Module" in (dotted(b) or "") for b in cls.bases):
             return False
         for m in self.prog._class_funcs(cls):
