@@ -400,6 +400,12 @@ def test_dd003_missing_barrier():
         """
     assert found(src.format(between="")) == [("DD003", "error", 7)]
     assert not found(src.format(between="dist.barrier()"))
+    assert not found("""\
+        rank = dist.get_rank()
+        if rank == 0:
+            torch.save({}, f"state-{rank}.pt")
+        state = torch.load(f"state-{rank}.pt")  # every rank its own file
+        """)
     assert found("""\
         rank = dist.get_rank()
         if rank == 0:

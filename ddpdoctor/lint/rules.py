@@ -241,6 +241,8 @@ class Rules:
                 k = _key(path)
                 if k is not None and not isinstance(path, ast.Constant) or (
                         isinstance(path, ast.Constant) and isinstance(path.value, str)):
+                    if self.prog.taint(func, path):
+                        continue  # a per-rank path (`f"ckpt{rank}.pt"`): each rank has its own file
                     out.append((k, call.lineno, dotted(call.func) or canon))
         return out
 
