@@ -266,10 +266,10 @@ class Evaluator:
         res = self.call_result(node, args, kws)
         if res is not None:
             return res
-        if last in RANK_FUNC_NAMES and not self.imports.imported(dotted(func) or ""):
+        if last in self.extra:
+            return frozenset({f"{dotted(func)}() (line {node.lineno}, configured)"})
+        if last in RANK_FUNC_NAMES:  # a helper out of view, known by its name only
             return frozenset({f"~{dotted(func)}() (line {node.lineno})"})
-        if last in RANK_FUNC_NAMES or (last in self.extra):
-            return frozenset({f"{dotted(func)}() (line {node.lineno})"})
         out = CLEAN
         for t in args:
             out = out | t
