@@ -52,8 +52,6 @@ class Imports:
             return d
         return f"{base}.{rest}" if rest else base
 
-    def imported(self, name: str) -> bool:
-        return name in self.alias
 
 
 def _statements(tree: ast.AST):
