@@ -522,7 +522,7 @@ class Program:
 def substitute_markers_away(t: frozenset, func: Func | None = None) -> frozenset:
     """Taint read from another function's state: its parameter markers become its parameters'
     taint (or nothing when not known)."""
-    if not any(r.startswith("@") for r in t):
+    if not any(r.lstrip("~").startswith("@") for r in t):
         return t
     return substitute(t, func.param_taint if func is not None else [])
 

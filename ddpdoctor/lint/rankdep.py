@@ -97,7 +97,7 @@ def is_heuristic(taint: frozenset) -> bool:
 
 def describe(taint: frozenset) -> str:
     """The most telling reason, for a message."""
-    concrete = sorted(r for r in taint if not r.startswith("@"))
+    concrete = sorted(r for r in taint if not r.lstrip("~").startswith("@"))
     if not concrete:
         return "a parameter"
     sure = [r for r in concrete if not r.startswith("~")]
@@ -190,7 +190,9 @@ class Evaluator:
             return CLEAN
         if attr in RANK_ATTRS or attr in self.extra:
             return frozenset({f"`{key or '.' + attr}`"})
-        return self(node.value)
+        # A field of a rank-dependent object: the analysis does not track fields one by one, so
+        # this field may well be the same everywhere (a config, a test case): not sure.
+        return weaken(self(node.value))
 
     def _Subscript(self, node: ast.Subscript):
         k = env_key(node)
@@ -280,16 +282,24 @@ class Evaluator:
         return out
 
 
+def weaken(taint: frozenset) -> frozenset:
+    """The same reasons, marked as not sure (``~``)."""
+    if not taint:
+        return taint
+    return frozenset(r if r.startswith("~") else "~" + r for r in taint)
+
+
 def substitute(taint: frozenset, params: list[frozenset]) -> frozenset:
-    """Replace ``@N`` markers by the taint of the N-th argument."""
-    if not any(r.startswith("@") for r in taint):
+    """Replace ``@N`` markers (``~@N``: weakened) by the taint of the N-th argument."""
+    if not any(r.startswith(("@", "~@")) for r in taint):
         return taint
     out = set()
     for r in taint:
-        if r.startswith("@"):
-            i = int(r[1:])
+        if r.startswith("@") or r.startswith("~@"):
+            weak = r.startswith("~")
+            i = int(r.lstrip("~@"))
             if i < len(params):
-                out |= params[i]
+                out |= weaken(params[i]) if weak else params[i]
         else:
             out.add(r)
     return frozenset(out)

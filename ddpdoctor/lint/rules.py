@@ -377,7 +377,7 @@ class Rules:
             last_seed = before[-1]
             a = _arg(last_seed, 0, "seed")
             t = self.prog.taint(func, a) if a is not None else frozenset()
-            if not t or is_heuristic(t) or target in wrapped:
+            if not t or is_heuristic(t) or target in wrapped or self._overwritten(func, target, ln):
                 continue
             yield make("DD004", "error",
                        f"`{target}` is initialised at line {ln} from torch's generator seeded from the rank (line "
@@ -406,6 +406,18 @@ class Rules:
             for c in m.call_nodes:
                 if self._is_module_ctor(c, m, depth + 1):
                     return True
+        return False
+
+    def _overwritten(self, func: Func, target: str, line: int) -> bool:
+        """Whether the module's weights are set afterwards (``m.weight = ...``,
+        ``m.load_state_dict(...)``), which makes its random start irrelevant."""
+        for ln, key, _v in self.prog.assignments(func):
+            if ln > line and key.startswith(target + "."):
+                return True
+        for c in func.call_nodes:
+            if c.lineno > line and isinstance(c.func, ast.Attribute) and c.func.attr in (
+                    "load_state_dict", "copy_") and (dotted(c.func.value) or "").startswith(target):
+                return True
         return False
 
     def _wrapped_models(self, func: Func) -> set[str]:

@@ -140,6 +140,10 @@ class Structure:
                 instead = (f"go on without it, to {_what(after[0][1])}" if after else "go on without it")
             check_id = "DD012" if c.op in GROUP_OPS else "DD001"
             sev = "error" if (sure_cond and c.sure) else "warning"
+            if other is None and exit_kind == "raise":
+                # the other side is an error path (`else: raise ValueError("unknown rank")`):
+                # the ranks that take it fail, which is DD008's business, and may never exist
+                check_id, sev = "DD008", "warning"
             msg = (f"{_what(c)} runs only on ranks where `{cond_text}` (line "
                    f"{s.lineno}) is {side}; it depends on the rank through {reason}. The other ranks "
                    f"{instead}: the ranks disagree on the next collective and wait for each other.")
