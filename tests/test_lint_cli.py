@@ -127,6 +127,16 @@ def test_exit_codes_and_text(tmp_path):
     assert p.returncode == 2 and "unknown check 'DD099'" in p.stderr
 
 
+def test_output_file_keeps_stdout_empty(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(BUGGY)
+    out = tmp_path / "out.json"
+    p = run(str(bad), "--format", "json", "-o", str(out))
+    assert p.returncode == 1 and p.stdout == ""
+    assert "written to" in p.stderr
+    assert json.loads(out.read_text())["summary"]["error"] == 1
+
+
 def test_unparsable_file_is_a_note_not_a_traceback(tmp_path):
     (tmp_path / "broken.py").write_text("def f(:\n")
     (tmp_path / "bad.py").write_text(BUGGY)

@@ -114,6 +114,19 @@ def test_rank_dependence_flows_through_helpers_attributes_spawn_and_control():
     assert v.state == "yes" and "get_rank" in v.reason
 
 
+def test_for_iterables_and_conditional_expressions():
+    src = ("import torch.distributed as dist\n"
+           "r = dist.get_rank()\n"
+           "for x in range(r):\n"
+           "    pass\n"
+           "y = 1 if r == 0 else 2\n"
+           "for z in range(3):\n"
+           "    pass\n")
+    assert condition_is_rank_dependent(src, 3).state == "yes"
+    assert condition_is_rank_dependent(src, 5).state == "yes"
+    assert condition_is_rank_dependent(src, 6).state == "no"
+
+
 def test_parameter_named_rank_without_callers_is_not_sure():
     v = condition_is_rank_dependent("def f(rank):\n    if rank == 0:\n        pass\n", 2)
     assert v.state == "yes" and not v.sure
