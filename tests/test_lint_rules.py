@@ -340,6 +340,33 @@ def test_ddp_forward_of_a_user_model_judged_by_what_it_builds():
     assert found(src.format(norm="nn.BatchNorm1d(n) if cfg else nn.LayerNorm(n)")) == [("DD001", "warning", 21)]
 
 
+def test_accelerate_and_lightning_spellings():
+    got = found("""\
+        from accelerate import Accelerator
+        import pytorch_lightning as pl
+        accelerator = Accelerator()
+        model = nn.Linear(4, 4)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        if accelerator.is_main_process:
+            model(torch.randn(2, 4))
+            optimizer.step()
+            print("saved")
+        if accelerator.is_local_main_process:
+            preds = accelerator.gather(torch.ones(1))
+        accelerator.wait_for_everyone()
+
+        class Lit(pl.LightningModule):
+            def validation_step(self, batch, idx):
+                if self.global_rank == 0:
+                    self.log("a", 1.0, sync_dist=True)
+                    self.log("b", 1.0)
+                self.log("c", 1.0, sync_dist=True)
+        """)
+    # the prepared model is buffer-free: its forward does not communicate
+    assert got == [("DD001", "error", 12), ("DD001", "error", 18)]
+
+
 def test_rank_dependent_trip_count():
     assert ("DD001", "error", 3) in found("""\
         rank = dist.get_rank()

@@ -37,6 +37,8 @@ CONTAINERS = frozenset({"Sequential", "ModuleList", "ModuleDict"})
 ACCEL_COMM = frozenset({"gather", "reduce", "wait_for_everyone", "gather_for_metrics",
                         "pad_across_processes", "backward", "broadcast"})
 METRIC_PREFIXES = ("torchmetrics.", "torcheval.metrics.")
+#: Synthetic callee that stands for "element i of accelerator.prepare(...)" (see Program.assignments).
+PREPARED = "__prepared__"
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,12 @@ class CommModel:
                 return ("metric",)
             if last == "Accelerator" or last == "Fabric":
                 return ("accelerator",)
+            if last == PREPARED and expr.args:
+                # accelerator.prepare(model, ...): the model comes back wrapped in DDP when the job
+                # is distributed; its buffers are those of the module given
+                inner = expr.args[0]
+                return ("ddp", self.buffers(inner, func, line, depth + 1)) if self._looks_like_model(
+                    inner, func, line) else None
             if isinstance(expr.func, ast.Attribute) and expr.func.attr in ("to", "cuda", "cpu", "train", "float",
                                                                           "half", "bfloat16", "double"):
                 return self.kind(expr.func.value, func, line, depth + 1)
@@ -123,6 +131,20 @@ class CommModel:
         out = self.kind(value, owner, getattr(value, "lineno", line), depth + 1) if value is not None else None
         self._kind[ck] = out
         return out
+
+    def _looks_like_model(self, expr: ast.AST, func: Func, line: int) -> bool:
+        """Whether an argument of ``accelerator.prepare`` is the model (not the optimizer,
+        loader or scheduler): built from torch.nn or a Module class, or named like one."""
+        key = dotted(expr) or ""
+        name = key.rsplit(".", 1)[-1].lower()
+        if any(w in name for w in ("optim", "loader", "sched", "data")):
+            return False
+        value = self.prog.last_assignment(func, key, line) if key else None
+        if isinstance(value, ast.Call):
+            canon = _canon(self.prog, func, value.func)
+            if canon.startswith("torch.nn.") or canon.startswith("transformers."):
+                return True
+        return any(w in name for w in ("model", "net", "module", "encoder", "decoder"))
 
     def buffers(self, mod: ast.AST, func: Func, line: int, depth: int = 0) -> bool | None:
         """Whether a module expression holds buffers: True, False, or None (not in view)."""
@@ -288,10 +310,29 @@ class CommModel:
                 return Comm(f"accelerator.{f.attr}", call.lineno, True, f"`{text}()`")
             if rk == ("metric",) and f.attr in ("compute", "sync"):
                 return Comm(f"metric.{f.attr}", call.lineno, True, f"`{text}()` (syncs the metric's state)")
+            lc = self._lightning(call, f, func)
+            if lc is not None:
+                return lc
         if text in self.prog.comm_names or text.rsplit(".", 1)[-1] in self.prog.comm_names:
             return Comm(text.rsplit(".", 1)[-1], call.lineno, True, f"`{text}()` (configured as communicating)")
         callee, _bound = self.prog.resolve(call, func)
         return callee
+
+    def _lightning(self, call: ast.Call, f: ast.Attribute, func: Func) -> Comm | None:
+        """PyTorch Lightning: ``self.log(..., sync_dist=True)`` / ``log_dict`` (an all-reduce),
+        ``self.all_gather(...)`` in a LightningModule, ``<...>.strategy.barrier/broadcast/reduce``."""
+        text = dotted(f) or f.attr
+        if f.attr in ("log", "log_dict") and any(
+                kw.arg == "sync_dist" and not (isinstance(kw.value, ast.Constant) and not kw.value.value)
+                for kw in call.keywords):
+            return Comm("lightning.log(sync_dist)", call.lineno, True, f"`{text}(..., sync_dist=True)` (an all-reduce)")
+        if f.attr == "all_gather" and text == "self.all_gather" and func.cls is not None and any(
+                "Lightning" in (dotted(b) or "") for b in func.cls.bases):
+            return Comm("lightning.all_gather", call.lineno, True, f"`{text}()`")
+        base = dotted(f.value) or ""
+        if f.attr in ("barrier", "broadcast", "reduce") and (base.endswith(".strategy") or base == "strategy"):
+            return Comm(f"strategy.{f.attr}", call.lineno, True, f"`{text}()`")
+        return None
 
     # -- sequences ---------------------------------------------------------------------------------
     def calls_in(self, node: ast.AST, func: Func) -> list[ast.Call]:

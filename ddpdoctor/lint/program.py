@@ -299,10 +299,15 @@ class Program:
                     if isinstance(t, (ast.Tuple, ast.List)):
                         v = node.value
                         pairwise = isinstance(v, (ast.Tuple, ast.List)) and len(v.elts) == len(t.elts)
+                        prepared = _prepare_call(v) and len(v.args) == len(t.elts)
                         for i, e in enumerate(t.elts):
                             k = dotted(e)
-                            if k:  # `rank, world = dist.get_rank(), dist.get_world_size()`: element-wise
+                            if k and prepared:  # `model, opt = accelerator.prepare(model, opt)`
+                                out.append((node.lineno, k, _prepared(v, v.args[i])))
+                            elif k:  # `rank, world = dist.get_rank(), dist.get_world_size()`: element-wise
                                 out.append((node.lineno, k, v.elts[i] if pairwise else v))
+                    elif _prepare_call(node.value) and len(node.value.args) == 1 and dotted(t):
+                        out.append((node.lineno, dotted(t), _prepared(node.value, node.value.args[0])))
                     else:
                         k = dotted(t)
                         if k:
@@ -525,6 +530,17 @@ def substitute_markers_away(t: frozenset, func: Func | None = None) -> frozenset
     if not any(r.lstrip("~").startswith("@") for r in t):
         return t
     return substitute(t, func.param_taint if func is not None else [])
+
+
+def _prepare_call(v: ast.AST) -> bool:
+    return isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == "prepare" and \
+        (dotted(v.func.value) or "").rsplit(".", 1)[-1] in ("accelerator", "accel", "fabric")
+
+
+def _prepared(call: ast.Call, arg: ast.AST) -> ast.Call:
+    """A stand-in for what ``accelerator.prepare`` returns for ``arg`` (read by comm.kind)."""
+    node = ast.Call(func=ast.Name(id="__prepared__", ctx=ast.Load()), args=[arg], keywords=[])
+    return ast.copy_location(node, call)
 
 
 def _walk_scope(node):
