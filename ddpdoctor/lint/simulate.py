@@ -224,6 +224,8 @@ class Simulator:
             if self.bindings(owner).get(key, 0) != 1:
                 raise Undecidable  # reassigned, augmented or a loop variable: not one value
             return self.value(value, owner, r, depth + 1)
+        if self.bindings(func).get(key, 0):
+            raise Undecidable  # bound here, but not by a plain assignment (a loop variable `rank`)
         last = key.rsplit(".", 1)[-1]
         if last in INT_NAMES or (key in func.params and key in RANK_PARAMS):
             return r
