@@ -1,4 +1,5 @@
-"""Command line: ``ddpdoctor trace -- CMD``, ``ddpdoctor report DIR``, ``ddpdoctor timeline DIR``.
+"""Command line: ``ddpdoctor trace -- CMD``, ``ddpdoctor report DIR``, ``ddpdoctor timeline DIR``,
+``ddpdoctor lint PATHS`` (static; exit codes as ``report``).
 
 Exit codes: ``report`` 0 clean, 1 findings at or above --fail-on, 2 usage/input error;
 ``trace`` passes the command's status through (128+N for signal N), or 124 when --on-hang kill
@@ -105,6 +106,27 @@ def report(paths, fmt, output, verbose, select, ignore, fail_on, run_id):
     """Analyse trace folders (several nodes' folders may be given together)."""
     click.get_current_context().exit(
         _print_report(paths, fmt, output, verbose, _split(select), _split(ignore), fail_on, run_id))
+
+
+@main.command("lint")
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "sarif"]), default="text")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to a file.")
+@click.option("-v", "--verbose", is_flag=True, help="Show every location of each finding.")
+@click.option("--select", multiple=True, help="Only these check ids or categories (comma-separated).")
+@click.option("--ignore", multiple=True, help="Skip these check ids or categories.")
+@click.option("--fail-on", type=click.Choice(["error", "warning", "info", "never"]), default=None,
+              help="Exit 1 when a finding at or above this severity exists (default: error).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="pyproject.toml with [tool.ddpdoctor.lint] (default: the nearest one above the first path).")
+@click.option("--docs-url", default=None, help="Base URL of the check docs, for SARIF helpUri.")
+def lint_cmd(paths, fmt, output, verbose, select, ignore, fail_on, config_path, docs_url):
+    """Find distributed bugs in Python source without running it (files or folders)."""
+    from .lint.cli import run as run_lint
+
+    click.get_current_context().exit(
+        run_lint(list(paths), fmt, output, verbose, _split(select), _split(ignore), fail_on, config_path,
+                 docs_url))
 
 
 @main.command(context_settings={"allow_interspersed_args": False})

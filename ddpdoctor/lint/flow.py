@@ -1,0 +1,271 @@
+"""The flow part of the rank-dependence analysis: one walk over a function (or a module's
+top-level code) in statement order, keeping the taint of every local name and attribute.
+
+Branches are walked separately and merged (a value assigned under a rank-dependent condition is
+rank-dependent); loop bodies are walked twice so that a value carried from one iteration to the
+next is seen; an in-place collective of the whole world (``dist.all_reduce(x)``) makes its
+tensor the same everywhere again. The walk records the taint of every condition, every ``for``
+iterable and every name/attribute read, which the rules read afterwards.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING
+
+from .names import dotted
+from .rankdep import CLEAN, UNIFORMING, Evaluator
+
+if TYPE_CHECKING:
+    from .program import Func, Program
+
+EXIT_CALLS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort"})
+
+
+def stmt_exit(s: ast.stmt) -> str | None:
+    """How a statement leaves its block unconditionally: return/raise/break/continue/exit."""
+    if isinstance(s, ast.Return):
+        return "return"
+    if isinstance(s, ast.Raise):
+        return "raise"
+    if isinstance(s, ast.Break):
+        return "break"
+    if isinstance(s, ast.Continue):
+        return "continue"
+    if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) and dotted(s.value.func) in EXIT_CALLS:
+        return "exit"
+    if isinstance(s, ast.If) and s.orelse:
+        a, b = block_exit(s.body), block_exit(s.orelse)
+        if a and b:
+            return a if a == b else "return"
+    return None
+
+
+def block_exit(stmts: list[ast.stmt]) -> str | None:
+    for s in stmts:
+        e = stmt_exit(s)
+        if e:
+            return e
+    return None
+
+
+def _assigned_names(target: ast.AST, out: list[str]) -> None:
+    if isinstance(target, (ast.Tuple, ast.List)):
+        for e in target.elts:
+            _assigned_names(e, out)
+    elif isinstance(target, ast.Starred):
+        _assigned_names(target.value, out)
+    else:
+        k = dotted(target)
+        if k is not None:
+            out.append(k)
+
+
+class Walker:
+    """Walks one function once; ``final`` makes it record what the rules read."""
+
+    def __init__(self, prog: Program, func: Func, final: bool) -> None:
+        self.prog = prog
+        self.func = func
+        self.final = final
+        self.facts = func.facts
+        self.env: dict[str, frozenset] = {}
+        for i, p in enumerate(func.params):
+            self.env[p] = frozenset({f"@{i}"})
+        self.returns = CLEAN
+        self.ev = Evaluator(func.module.imports, self._lookup, self._call_result, prog.extra_names)
+
+    # -- lookups -----------------------------------------------------------------------------------
+    def _lookup(self, node: ast.AST, key: str):
+        t = self.env.get(key)
+        if t is None:
+            t = self.prog.outer_taint(self.func, key)
+        if self.final and t is not None:
+            self.facts.loads[id(node)] = t
+        return t
+
+    def _call_result(self, call: ast.Call, args: list, kws: dict):
+        callee, bound = self.prog.resolve(call, self.func)
+        if callee is None:
+            return None
+        params = ([CLEAN] if bound else []) + list(args)
+        for name, t in kws.items():
+            if name in callee.params:
+                i = callee.params.index(name)
+                while len(params) <= i:
+                    params.append(CLEAN)
+                params[i] = params[i] | t
+        self.prog.note_call(self.func, callee, params)
+        from .rankdep import substitute
+
+        return substitute(callee.returns, params)
+
+    # -- statements ------------------------------------------------------------------------------
+    def run(self) -> None:
+        body = self.func.body
+        self.block(body, CLEAN)
+        self.func.returns = self.returns
+        if self.func.node is None or isinstance(self.func.node, ast.Module):
+            self.prog.module_env[self.func.module.path] = dict(self.env)
+
+    def block(self, stmts: list[ast.stmt], ctrl: frozenset) -> bool:
+        """Walk statements; True when the block always leaves (its state does not flow on)."""
+        for s in stmts:
+            self.stmt(s, ctrl)
+            if stmt_exit(s):
+                return True
+        return False
+
+    def assign(self, key: str, t: frozenset, weak: bool = False) -> None:
+        if weak:
+            t = t | self.env.get(key, CLEAN)
+        self.env[key] = t
+        if key.startswith("self.") and self.func.cls is not None:
+            from .rankdep import substitute
+
+            self.prog.set_class_attr(self.func.cls, key[5:], substitute(t, self.func.param_taint))
+
+    def bind(self, target: ast.AST, t: frozenset, value: ast.AST | None = None, ctrl: frozenset = CLEAN) -> None:
+        if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) \
+                and len(target.elts) == len(value.elts):
+            for tt, vv in zip(target.elts, value.elts):  # element by element: `rank, world = ...`
+                self.bind(tt, self.ev(vv) | ctrl, vv, ctrl)
+            return
+        if isinstance(target, ast.Subscript) or (isinstance(target, ast.Attribute) and dotted(target) is None):
+            base = dotted(target.value) if isinstance(target, (ast.Subscript, ast.Attribute)) else None
+            if base is not None:
+                self.assign(base, t, weak=True)
+            return
+        names: list[str] = []
+        _assigned_names(target, names)
+        for n in names:
+            self.assign(n, t)
+
+    def merge(self, envs: list[dict]) -> None:
+        if not envs:
+            return
+        keys = set()
+        for e in envs:
+            keys |= e.keys()
+        out = {}
+        for k in keys:
+            t = CLEAN
+            for e in envs:
+                v = e.get(k)
+                if v is None:
+                    v = self.env.get(k, CLEAN)
+                t = t | v
+            out[k] = t
+        self.env = out
+
+    def sub(self, stmts, ctrl) -> tuple[dict, bool]:
+        saved = self.env
+        self.env = dict(saved)
+        exits = self.block(stmts, ctrl)
+        env = self.env
+        self.env = saved
+        return env, exits
+
+    def stmt(self, s: ast.stmt, ctrl: frozenset) -> None:
+        ev = self.ev
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return
+        if isinstance(s, ast.Assign):
+            t = ev(s.value) | ctrl
+            for tgt in s.targets:
+                self.bind(tgt, t, s.value, ctrl)
+            self.after_calls(s.value)
+        elif isinstance(s, ast.AnnAssign):
+            if s.value is not None:
+                self.bind(s.target, ev(s.value) | ctrl, s.value, ctrl)
+                self.after_calls(s.value)
+        elif isinstance(s, ast.AugAssign):
+            t = ev(s.value) | ev(s.target) | ctrl
+            self.bind(s.target, t)
+        elif isinstance(s, ast.Expr):
+            ev(s.value)
+            self.after_calls(s.value)
+        elif isinstance(s, ast.Return):
+            self.returns = self.returns | ev(s.value) | ctrl
+        elif isinstance(s, ast.If):
+            t = ev(s.test)
+            self.record_test(s, t)
+            c = ctrl | t
+            e1, x1 = self.sub(s.body, c)
+            e2, x2 = self.sub(s.orelse, c)
+            self.merge([e for e, x in ((e1, x1), (e2, x2)) if not x] or [e1, e2])
+        elif isinstance(s, (ast.For, ast.AsyncFor)):
+            it = ev(s.iter)
+            self.record_test(s, it)
+            for _ in range(2):
+                self.bind(s.target, it | ctrl)
+                e1, _x = self.sub(s.body, ctrl | it)
+                self.merge([self.env, e1])
+            if s.orelse:
+                self.block(s.orelse, ctrl)
+        elif isinstance(s, ast.While):
+            for _ in range(2):
+                t = ev(s.test)
+                e1, _x = self.sub(s.body, ctrl | t)
+                self.merge([self.env, e1])
+            self.record_test(s, ev(s.test))
+            if s.orelse:
+                self.block(s.orelse, ctrl)
+        elif isinstance(s, (ast.With, ast.AsyncWith)):
+            for item in s.items:
+                t = ev(item.context_expr)
+                if item.optional_vars is not None:
+                    self.bind(item.optional_vars, t | ctrl)
+            self.block(s.body, ctrl)
+        elif isinstance(s, ast.Try) or type(s).__name__ == "TryStar":
+            e1, x1 = self.sub(s.body, ctrl)
+            envs = [e1] if not x1 else []
+            for h in s.handlers:
+                self.env, saved = {**self.env, **e1}, self.env
+                eh, xh = self.sub(h.body, ctrl)
+                self.env = saved
+                if not xh:
+                    envs.append(eh)
+            self.merge(envs or [e1])
+            if s.orelse:
+                self.block(s.orelse, ctrl)
+            if s.finalbody:
+                self.block(s.finalbody, ctrl)
+        elif isinstance(s, ast.Assert):
+            self.record_test(s, ev(s.test))
+        elif type(s).__name__ == "Match":
+            subj = ev(s.subject)
+            envs = []
+            for case in s.cases:
+                e, x = self.sub(case.body, ctrl | subj)
+                if not x:
+                    envs.append(e)
+            self.merge(envs + [dict(self.env)])
+        else:
+            for child in ast.iter_child_nodes(s):
+                if isinstance(child, ast.expr):
+                    ev(child)
+
+    def record_test(self, node: ast.AST, t: frozenset) -> None:
+        if self.final:
+            self.facts.tests[id(node)] = t
+
+    def after_calls(self, expr: ast.AST) -> None:
+        """An in-place collective over the whole world makes its tensor/list uniform."""
+        if not isinstance(expr, ast.Call):
+            return
+        canon = (self.func.module.imports.canonical(expr.func) or "").replace(".distributed_c10d.", ".")
+        if not canon.startswith("torch.distributed."):
+            return
+        name = canon.rsplit(".", 1)[-1]
+        spec = UNIFORMING.get(name)
+        if spec is None:
+            return
+        # On a subgroup the result is the same among its members, which are the ranks that go on
+        # to use it in that group's collectives: treated as uniform too.
+        idx, kw = spec
+        arg = expr.args[idx] if len(expr.args) > idx else next(
+            (k.value for k in expr.keywords if k.arg == kw), None)
+        key = dotted(arg) if arg is not None else None
+        if key is not None:
+            self.env[key] = CLEAN

@@ -1,0 +1,348 @@
+"""Rank dependence: which values, and so which conditions, differ from rank to rank.
+
+A small taint analysis over ``ast`` (the analysed code is never imported). Sources: the rank
+(``dist.get_rank()`` under any alias and for any group, ``get_node_local_rank()``,
+``os.environ["RANK" | "LOCAL_RANK" | ...]``, the rank parameter of a function given to
+``mp.spawn``/``ddpdoctor.spawn``, framework spellings such as ``accelerator.is_main_process`` or
+``trainer.global_rank``). The taint flows through assignments, arithmetic, comparisons, calls,
+attributes set once and read later (``self.gpu_id``), values assigned under a rank-dependent
+condition, return values of the analysed functions and their parameters (across the files given).
+Values that are the same everywhere stop it: the output of an all-reduce, broadcast or
+all-gather of the whole world, the world size, a test of whether the rank is set at all
+(``os.environ.get("RANK", -1) != -1``).
+
+Public entry point for other parts of ddpdoctor: :func:`condition_is_rank_dependent`.
+A taint is a frozenset of reasons (empty: the same on every rank). A reason starting with ``~``
+comes from a spelling only (a parameter called ``rank`` whose callers are not in view): findings
+that rest on it are warnings. Reasons ``@N`` stand for "the N-th parameter" while a function's
+summary is computed.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Callable
+
+from .names import Imports, dotted
+
+Taint = frozenset
+CLEAN: frozenset = frozenset()
+
+#: Environment variables that hold a rank (torchrun, SLURM, Open MPI, MPICH/PMI, MVAPICH).
+RANK_ENV = frozenset({
+    "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "ROLE_RANK", "LOCAL_PROCESS_RANK",
+    "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_NODE_RANK", "PMI_RANK", "PMIX_RANK",
+    "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK",
+})
+#: Canonical functions that return a rank.
+RANK_FUNCS = frozenset({
+    "torch.distributed.get_rank", "torch.distributed.get_node_local_rank",
+    "torch.distributed.get_global_rank", "torch.distributed.get_group_rank",
+    "torch.distributed.get_local_rank", "torch_xla.core.xla_model.get_ordinal",
+    "torch_xla.core.xla_model.get_local_ordinal", "torch_xla.runtime.global_ordinal",
+    "horovod.torch.rank", "horovod.torch.local_rank", "ignite.distributed.get_rank",
+    "ignite.distributed.get_local_rank", "ignite.distributed.get_node_rank",
+})
+#: Function names (last part) that return a rank or a rank test when their body is not in view.
+RANK_FUNC_NAMES = frozenset({
+    "get_rank", "get_local_rank", "get_global_rank", "get_node_rank", "get_node_local_rank",
+    "is_main_process", "is_local_main_process", "is_master", "is_rank_zero", "is_rank_0",
+    "is_primary", "is_global_zero", "is_main", "is_master_process", "is_dist_main", "get_ordinal",
+    "local_rank", "global_rank",
+})
+#: Attribute spellings of the rank in frameworks (Accelerate, Lightning, argparse conventions).
+RANK_ATTRS = frozenset({
+    "rank", "local_rank", "global_rank", "node_rank", "process_index", "local_process_index",
+    "is_main_process", "is_local_main_process", "is_global_zero", "is_local_zero", "is_master",
+    "is_main", "is_primary", "is_rank_zero", "global_rank_zero", "local_rank_zero",
+})
+#: Parameter names taken as a rank when no caller in view passes anything else.
+RANK_PARAMS = frozenset({"rank", "local_rank", "global_rank", "node_rank", "rank_id", "world_rank", "proc_rank"})
+#: Calls whose result is the same on every rank even when an argument is rank-dependent.
+UNIFORM_FUNCS = frozenset({
+    "torch.distributed.get_world_size", "torch.distributed.is_initialized", "torch.distributed.is_available",
+    "torch.distributed.get_backend", "torch.distributed.get_process_group_ranks",
+    "torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler",
+    "isinstance", "hasattr", "callable", "type",
+})
+UNIFORM_FUNC_NAMES = frozenset({"get_world_size", "world_size", "is_initialized", "is_available",
+                                "gather_for_metrics", "mesh_reduce", "all_gather_object"})
+UNIFORM_ATTRS = frozenset({"world_size", "num_processes", "num_replicas", "distributed_type", "device_type",
+                           "use_distributed", "is_distributed", "num_nodes"})
+#: Methods of an ``Accelerator``-like object whose result is the same everywhere.
+UNIFORM_METHODS = frozenset({"gather", "reduce", "gather_for_metrics", "pad_across_processes",
+                             "all_gather", "all_reduce", "broadcast", "mesh_reduce"})
+#: In-place collectives of torch.distributed that make their first (tensor) argument, or their
+#: output list, the same on every rank of the group: (function, index of that argument, keyword).
+UNIFORMING = {
+    "all_reduce": (0, "tensor"), "broadcast": (0, "tensor"), "all_gather": (0, "tensor_list"),
+    "all_gather_into_tensor": (0, "output_tensor"), "broadcast_object_list": (0, "object_list"),
+    "all_gather_object": (0, "object_list"), "all_reduce_coalesced": (0, "tensors"),
+}
+SENTINELS = (-1, None)
+#: Calls whose items are their first argument's (a progress bar, a counter).
+PASS_THROUGH = frozenset({"tqdm", "trange", "enumerate", "track", "Progress"})
+#: Methods and keyword arguments that place a value on this rank's device without changing it.
+PLACEMENT_METHODS = frozenset({"to", "cuda", "pin_memory", "set_device"})
+PLACEMENT_KWARGS = frozenset({"map_location", "device", "device_ids", "output_device", "non_blocking",
+                              "device_id", "local_rank"})
+
+
+def is_heuristic(taint: frozenset) -> bool:
+    """True when every reason is a spelling only (``~``): the analysis is not sure."""
+    return bool(taint) and all(r.startswith("~") for r in taint)
+
+
+def describe(taint: frozenset) -> str:
+    """The most telling reason, for a message."""
+    concrete = sorted(r for r in taint if not r.lstrip("~").startswith("@"))
+    if not concrete:
+        return "a parameter"
+    sure = [r for r in concrete if not r.startswith("~")]
+    return (sure or concrete)[0].lstrip("~")
+
+
+def env_key(node: ast.AST) -> str | None:
+    """The key of an environment read ``os.environ[K]`` / ``os.environ.get(K)`` / ``os.getenv(K)``."""
+    if isinstance(node, ast.Subscript) and dotted(node.value) in ("os.environ", "environ"):
+        s = node.slice
+        if isinstance(s, ast.Constant) and isinstance(s.value, str):
+            return s.value
+    if isinstance(node, ast.Call) and node.args:
+        f = dotted(node.func)
+        if f in ("os.environ.get", "environ.get", "os.getenv", "getenv", "os.environ.setdefault"):
+            a = node.args[0]
+            if isinstance(a, ast.Constant) and isinstance(a.value, str):
+                return a.value
+    return None
+
+
+def _is_sentinel(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant) and node.value in SENTINELS and not isinstance(node.value, bool):
+        return True
+    return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and \
+        isinstance(node.operand, ast.Constant) and node.operand.value == 1
+
+
+def _presence_test(node: ast.Compare) -> bool:
+    """``x != -1``, ``x is None``, ``x >= 0``, ``"RANK" in os.environ``: whether a rank is set at
+    all, which is the same on every rank of a job."""
+    if len(node.ops) != 1:
+        return False
+    op, right, left = node.ops[0], node.comparators[0], node.left
+    if isinstance(op, (ast.In, ast.NotIn)) and dotted(right) in ("os.environ", "environ"):
+        return True
+    if isinstance(op, (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)):
+        return _is_sentinel(right) or _is_sentinel(left)
+    if isinstance(op, (ast.GtE, ast.Lt)) and isinstance(right, ast.Constant) and right.value == 0:
+        return True
+    return isinstance(op, (ast.Gt, ast.LtE)) and _is_sentinel(right)
+
+
+class Evaluator:
+    """The taint of expressions in one scope, given a lookup for names/attributes and a resolver
+    for calls into the analysed code."""
+
+    def __init__(self, imports: Imports, lookup: Callable[[ast.AST, str], frozenset | None],
+                 call_result: Callable[[ast.Call, list[frozenset], dict[str, frozenset]], frozenset | None],
+                 extra_names: frozenset = CLEAN) -> None:
+        self.imports = imports
+        self.lookup = lookup  # (node, dotted key) -> taint, or None when unknown here
+        self.call_result = call_result  # user functions: the summary's result, else None
+        self.extra = extra_names
+
+    def __call__(self, node: ast.AST | None) -> frozenset:
+        if node is None:
+            return CLEAN
+        m = getattr(self, "_" + type(node).__name__, None)
+        if m is not None:
+            return m(node)
+        out = CLEAN
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.expr):
+                out = out | self(child)
+        return out
+
+    def _Constant(self, node):
+        return CLEAN
+
+    def _Lambda(self, node):
+        return CLEAN
+
+    def _Name(self, node: ast.Name):
+        t = self.lookup(node, node.id)
+        if t is not None:
+            return t
+        if node.id in self.extra:
+            return frozenset({f"`{node.id}` (configured)"})
+        return CLEAN
+
+    def _Attribute(self, node: ast.Attribute):
+        key = dotted(node)
+        if key is not None:
+            t = self.lookup(node, key)
+            if t is not None:
+                return t
+        attr = node.attr
+        if attr in UNIFORM_ATTRS:
+            return CLEAN
+        if attr in RANK_ATTRS or attr in self.extra:
+            return frozenset({f"`{key or '.' + attr}`"})
+        # A field of a rank-dependent object: the analysis does not track fields one by one, so
+        # this field may well be the same everywhere (a config, a test case): not sure.
+        return weaken(self(node.value))
+
+    def _Subscript(self, node: ast.Subscript):
+        k = env_key(node)
+        if k is not None:
+            return frozenset({f"os.environ[{k!r}]"}) if (k in RANK_ENV or k in self.extra) else CLEAN
+        return self(node.value) | self(node.slice)
+
+    def _Compare(self, node: ast.Compare):
+        if _presence_test(node):
+            return CLEAN
+        out = self(node.left)
+        for c in node.comparators:
+            out = out | self(c)
+        return out
+
+    def _comp(self, node, parts):
+        out = CLEAN
+        for g in node.generators:
+            out = out | self(g.iter)
+            for cond in g.ifs:
+                out = out | self(cond)
+        # the element's own taint (names bound by the comprehension carry the iterable's)
+        for p in parts:
+            out = out | self(p)
+        return out
+
+    def _ListComp(self, node):
+        return self._comp(node, [node.elt])
+
+    _SetComp = _ListComp
+    _GeneratorExp = _ListComp
+
+    def _DictComp(self, node):
+        return self._comp(node, [node.key, node.value])
+
+    def _Call(self, node: ast.Call):
+        k = env_key(node)
+        if k is not None:
+            return frozenset({f"os.environ[{k!r}]"}) if (k in RANK_ENV or k in self.extra) else CLEAN
+        func = node.func
+        canon = self.imports.canonical(func) or ""
+        canon = canon.replace(".distributed_c10d.", ".")
+        last = canon.rsplit(".", 1)[-1] if canon else (func.attr if isinstance(func, ast.Attribute) else "")
+        if canon in RANK_FUNCS:
+            return frozenset({f"{dotted(func)}() (line {node.lineno})"})
+        if canon in UNIFORM_FUNCS or last in UNIFORM_FUNC_NAMES:
+            return CLEAN
+        if canon.startswith("torch.distributed.") and last in UNIFORMING:
+            return CLEAN
+        if isinstance(func, ast.Attribute) and func.attr in UNIFORM_METHODS and \
+                (dotted(func.value) or "").split(".")[-1] in ("accelerator", "xm", "accel", "fabric", "trainer"):
+            return CLEAN
+        if last in PASS_THROUGH and node.args:
+            # progress bars and enumerate yield their first argument's items: `disable=rank != 0`
+            # or `position=rank` changes what is printed, not what is iterated
+            out = self(node.args[0])
+            for a in node.args[1:]:
+                self(a)
+            for kw in node.keywords:
+                self(kw.value)
+            return out
+        if isinstance(func, ast.Attribute) and func.attr in PLACEMENT_METHODS:
+            # moving a value to this rank's device does not change it
+            out = self(func.value)
+            for a in node.args:
+                self(a)  # still walked: names read here are recorded
+            return out
+        args = [self(a) for a in node.args]
+        kws = {}
+        for kw in node.keywords:
+            t = self(kw.value)
+            kws[kw.arg or "**"] = CLEAN if kw.arg in PLACEMENT_KWARGS else t
+        res = self.call_result(node, args, kws)
+        if res is not None:
+            return res
+        if last in self.extra:
+            return frozenset({f"{dotted(func)}() (line {node.lineno}, configured)"})
+        if last in RANK_FUNC_NAMES:  # a helper out of view, known by its name only
+            return frozenset({f"~{dotted(func)}() (line {node.lineno})"})
+        out = CLEAN
+        for t in args:
+            out = out | t
+        for t in kws.values():
+            out = out | t
+        if isinstance(func, ast.Attribute):
+            out = out | self(func.value)
+        return out
+
+
+def weaken(taint: frozenset) -> frozenset:
+    """The same reasons, marked as not sure (``~``)."""
+    if not taint:
+        return taint
+    return frozenset(r if r.startswith("~") else "~" + r for r in taint)
+
+
+def substitute(taint: frozenset, params: list[frozenset]) -> frozenset:
+    """Replace ``@N`` markers (``~@N``: weakened) by the taint of the N-th argument."""
+    if not any(r.startswith(("@", "~@")) for r in taint):
+        return taint
+    out = set()
+    for r in taint:
+        if r.startswith("@") or r.startswith("~@"):
+            weak = r.startswith("~")
+            i = int(r.lstrip("~@"))
+            if i < len(params):
+                out |= weaken(params[i]) if weak else params[i]
+        else:
+            out.add(r)
+    return frozenset(out)
+
+
+# -- the public API -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a condition differs across ranks: ``state`` is ``yes``, ``no`` or ``unknown``;
+    ``sure`` is False when the answer rests on a spelling only; ``reason`` says why."""
+
+    state: str
+    reason: str
+    sure: bool = True
+
+    def __bool__(self) -> bool:
+        return self.state == "yes"
+
+
+def condition_is_rank_dependent(source_text: str, lineno: int, filename: str = "<source>") -> Verdict:
+    """Whether the condition on line ``lineno`` of ``source_text`` is rank-dependent.
+
+    The condition is the test of an ``if``/``elif``/``while``/conditional expression/``assert``
+    or the iterable of a ``for`` that starts on that line. ``unknown`` when the source does not
+    parse or no condition starts there. The whole file is analysed (values flow from anywhere in
+    it), nothing is imported or run. One implementation for the linter and the trace analysis.
+    """
+    from .program import Program
+
+    key = (filename, hash(source_text))
+    prog = _PROGRAMS.get(key)
+    if prog is None:
+        try:
+            prog = Program.from_sources({filename: source_text})
+        except SyntaxError as exc:
+            return Verdict("unknown", f"the source does not parse: {exc.msg} (line {exc.lineno})")
+        except (ValueError, RecursionError) as exc:
+            return Verdict("unknown", f"the source cannot be analysed ({type(exc).__name__})")
+        if len(_PROGRAMS) >= 32:  # a small cache: a trace analysis asks about many lines of few files
+            _PROGRAMS.pop(next(iter(_PROGRAMS)))
+        _PROGRAMS[key] = prog
+    return prog.condition_verdict(filename, lineno)
+
+
+_PROGRAMS: dict = {}
