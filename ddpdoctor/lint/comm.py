@@ -14,8 +14,9 @@ import ast
 import bisect
 from dataclasses import dataclass
 
-from .names import dotted
-from .program import Func, Program, _walk_scope
+from ..source.names import dotted
+from ..source.program import Program
+from ..source.units import Func, walk_scope
 
 COLLECTIVES = frozenset({
     "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "_all_gather_base",
@@ -109,7 +110,7 @@ class CommModel:
             callee, _b = self.prog.resolve(expr, func)
             if callee is not None and not callee.is_module and callee is not func:
                 # a helper that builds the model: the kind of what it returns
-                for node in _walk_scope(callee.node):
+                for node in walk_scope(callee.node):
                     if isinstance(node, ast.Return) and node.value is not None:
                         k = self.kind(node.value, callee, node.lineno, depth + 1)
                         if k is not None:

@@ -8,9 +8,13 @@ import time
 from dataclasses import dataclass, field
 
 from ..analysis.findings import SEVERITY_RANK, Finding
+from ..source.program import Program
+from ..source.units import Module
 from . import catalog
-from .config import LintConfig
-from .program import Module, Program
+from .comm import CommModel
+from .config import LintConfig, discover
+from .rules import Rules
+from .structure import Structure
 from .suppress import comments, suppressed
 
 
@@ -54,10 +58,6 @@ def load_modules(files: list[str], notes: list[str]) -> list[Module]:
 def lint_modules(modules: list[Module], config: LintConfig | None = None,
                  enabled: set[str] | None = None) -> tuple[list[Finding], list[str], int]:
     """Findings of the selected checks over parsed modules, plus notes and the suppressed count."""
-    from .comm import CommModel
-    from .rules import Rules
-    from .structure import Structure
-
     config = config or LintConfig()
     enabled = set(catalog.CHECKS) if enabled is None else enabled
     notes: list[str] = []
@@ -111,8 +111,6 @@ def sort_key(f: Finding):
 def lint(paths: list[str], config: LintConfig | None = None, select: list[str] | None = None,
          ignore: list[str] | None = None) -> LintResult:
     """Lint files and folders. Raises catalog.SelectionError for an unknown check name."""
-    from .config import discover
-
     config = config or LintConfig()
     enabled = catalog.selected(select if select else config.select, ignore if ignore else config.ignore)
     t0 = time.perf_counter()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..analysis.findings import Finding, Location
+from ..source.units import Module
 from .catalog import category, title
-from .program import Module
 
 #: Static findings have no rank: their locations carry this rank number.
 NO_RANK = -1

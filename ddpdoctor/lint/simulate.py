@@ -13,11 +13,12 @@ from __future__ import annotations
 import ast
 import operator
 
+from ..source.flow import EXIT_CALLS
+from ..source.names import dotted
+from ..source.program import Program
+from ..source.taint import RANK_FUNCS, RANK_PARAMS, env_key
+from ..source.units import Func
 from .comm import CommModel
-from .flow import EXIT_CALLS
-from .names import dotted
-from .program import Func, Program
-from .rankdep import RANK_FUNCS, RANK_PARAMS, env_key
 
 RANKS = (0, 1, 2, 3)
 INT_NAMES = frozenset({"rank", "local_rank", "global_rank", "process_index", "local_process_index", "rank_id",

@@ -18,12 +18,14 @@ from __future__ import annotations
 import ast
 
 from ..analysis.findings import Finding
+from ..source.flow import block_exit, stmt_exit
+from ..source.names import dotted
+from ..source.program import Program
+from ..source.taint import describe, is_heuristic
+from ..source.units import Func
 from .comm import Comm, CommModel, keys
 from .finding import loc, make
-from .flow import block_exit
-from .names import dotted
-from .program import Func, Program
-from .rankdep import describe, is_heuristic
+from .simulate import Simulator
 
 DDP_OPS = ("ddp-forward", "ddp-backward", "fsdp-forward")
 GROUP_OPS = ("new_group", "new_subgroups", "new_subgroups_by_enumeration", "init_process_group", "init_device_mesh")
@@ -45,8 +47,6 @@ class Structure:
         self.cm = cm
         self.out: list[Finding] = []
         self._raises: dict[int, list] = {}
-        from .simulate import Simulator
-
         self.sim = Simulator(prog, cm)
 
     # -- walking -----------------------------------------------------------------------------------
@@ -317,13 +317,9 @@ def _exit_stmt(stmts: list[ast.stmt]) -> ast.stmt | None:
         if isinstance(s, (ast.Return, ast.Raise, ast.Break, ast.Continue)):
             return s
         if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call):
-            from .flow import stmt_exit
-
             if stmt_exit(s):
                 return s
         if isinstance(s, ast.If):
-            from .flow import stmt_exit
-
             if stmt_exit(s):
                 return _exit_stmt(s.body) or s
     return None

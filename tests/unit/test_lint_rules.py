@@ -10,7 +10,7 @@ import pytest
 from ddpdoctor.lint import condition_is_rank_dependent
 from ddpdoctor.lint.config import LintConfig
 from ddpdoctor.lint.engine import lint_modules
-from ddpdoctor.lint.program import Module
+from ddpdoctor.source.units import Module
 
 HEAD = "import os, sys, random\nimport torch\nimport torch.distributed as dist\nimport torch.nn as nn\n" \
        "from torch.nn.parallel import DistributedDataParallel as DDP\n" \

@@ -11,13 +11,11 @@ iterable and every name/attribute read, which the rules read afterwards.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .names import dotted
-from .rankdep import CLEAN, UNIFORMING, Evaluator
-
-if TYPE_CHECKING:
-    from .program import Func, Program
+from .taint import CLEAN, UNIFORMING, Evaluator, substitute
+from .units import Func
 
 EXIT_CALLS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort"})
 
@@ -61,10 +59,26 @@ def _assigned_names(target: ast.AST, out: list[str]) -> None:
             out.append(k)
 
 
+class ProgramState(Protocol):
+    """What a walk reads and updates in the whole program (``program.Program``, which drives the
+    walks: declared here so that this module does not import the one that imports it)."""
+
+    extra_names: frozenset
+    module_env: dict[str, dict[str, frozenset]]
+
+    def outer_taint(self, func: Func, key: str) -> frozenset | None: ...
+
+    def resolve(self, call: ast.Call, func: Func) -> tuple[Func | None, bool]: ...
+
+    def note_call(self, caller: Func, callee: Func, params: list[frozenset]) -> None: ...
+
+    def set_class_attr(self, cls: ast.ClassDef, attr: str, t: frozenset) -> None: ...
+
+
 class Walker:
     """Walks one function once; ``final`` makes it record what the rules read."""
 
-    def __init__(self, prog: Program, func: Func, final: bool) -> None:
+    def __init__(self, prog: ProgramState, func: Func, final: bool) -> None:
         self.prog = prog
         self.func = func
         self.final = final
@@ -96,8 +110,6 @@ class Walker:
                     params.append(CLEAN)
                 params[i] = params[i] | t
         self.prog.note_call(self.func, callee, params)
-        from .rankdep import substitute
-
         return substitute(callee.returns, params)
 
     # -- statements ------------------------------------------------------------------------------
@@ -121,8 +133,6 @@ class Walker:
             t = t | self.env.get(key, CLEAN)
         self.env[key] = t
         if key.startswith("self.") and self.func.cls is not None:
-            from .rankdep import substitute
-
             self.prog.set_class_attr(self.func.cls, key[5:], substitute(t, self.func.param_taint))
 
     def bind(self, target: ast.AST, t: frozenset, value: ast.AST | None = None, ctrl: frozenset = CLEAN) -> None:

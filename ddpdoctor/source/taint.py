@@ -1,4 +1,4 @@
-"""Rank dependence: which values, and so which conditions, differ from rank to rank.
+"""Rank dependence, the primitives: which values, and so which conditions, differ from rank to rank.
 
 A small taint analysis over ``ast`` (the analysed code is never imported). Sources: the rank
 (``dist.get_rank()`` under any alias and for any group, ``get_node_local_rank()``,
@@ -11,7 +11,7 @@ Values that are the same everywhere stop it: the output of an all-reduce, broadc
 all-gather of the whole world, the world size, a test of whether the rank is set at all
 (``os.environ.get("RANK", -1) != -1``).
 
-Public entry point for other parts of ddpdoctor: :func:`condition_is_rank_dependent`.
+The public entry point for the rest of ddpdoctor is :func:`ddpdoctor.source.rankdep.condition_is_rank_dependent`.
 A taint is a frozenset of reasons (empty: the same on every rank). A reason starting with ``~``
 comes from a spelling only (a parameter called ``rank`` whose callers are not in view): findings
 that rest on it are warnings. Reasons ``@N`` stand for "the N-th parameter" while a function's
@@ -21,7 +21,6 @@ summary is computed.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 from typing import Callable
 
 from .names import Imports, dotted
@@ -303,46 +302,3 @@ def substitute(taint: frozenset, params: list[frozenset]) -> frozenset:
         else:
             out.add(r)
     return frozenset(out)
-
-
-# -- the public API -------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Verdict:
-    """Whether a condition differs across ranks: ``state`` is ``yes``, ``no`` or ``unknown``;
-    ``sure`` is False when the answer rests on a spelling only; ``reason`` says why."""
-
-    state: str
-    reason: str
-    sure: bool = True
-
-    def __bool__(self) -> bool:
-        return self.state == "yes"
-
-
-def condition_is_rank_dependent(source_text: str, lineno: int, filename: str = "<source>") -> Verdict:
-    """Whether the condition on line ``lineno`` of ``source_text`` is rank-dependent.
-
-    The condition is the test of an ``if``/``elif``/``while``/conditional expression/``assert``
-    or the iterable of a ``for`` that starts on that line. ``unknown`` when the source does not
-    parse or no condition starts there. The whole file is analysed (values flow from anywhere in
-    it), nothing is imported or run. One implementation for the linter and the trace analysis.
-    """
-    from .program import Program
-
-    key = (filename, hash(source_text))
-    prog = _PROGRAMS.get(key)
-    if prog is None:
-        try:
-            prog = Program.from_sources({filename: source_text})
-        except SyntaxError as exc:
-            return Verdict("unknown", f"the source does not parse: {exc.msg} (line {exc.lineno})")
-        except (ValueError, RecursionError) as exc:
-            return Verdict("unknown", f"the source cannot be analysed ({type(exc).__name__})")
-        if len(_PROGRAMS) >= 32:  # a small cache: a trace analysis asks about many lines of few files
-            _PROGRAMS.pop(next(iter(_PROGRAMS)))
-        _PROGRAMS[key] = prog
-    return prog.condition_verdict(filename, lineno)
-
-
-_PROGRAMS: dict = {}
