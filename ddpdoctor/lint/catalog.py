@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from ..errors import SelectionError
+
 #: id -> (category, title of the static finding)
 CHECKS: dict[str, tuple[str, str]] = {
     "DD001": ("divergent-collectives", "Ranks issue different collectives (rank-divergent branch)"),
@@ -29,10 +31,6 @@ def category(check_id: str) -> str:
 
 def title(check_id: str) -> str:
     return CHECKS[check_id][1]
-
-
-class SelectionError(ValueError):
-    """--select/--ignore named a check that does not exist."""
 
 
 def selected(select: list[str] | None, ignore: list[str] | None) -> set[str]:

@@ -21,12 +21,16 @@ import fnmatch
 import os
 from dataclasses import dataclass, field
 
+from ..errors import UsageError
+
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", "node_modules",
                        ".mypy_cache", ".pytest_cache", ".ruff_cache", "build", "dist", ".eggs", "site-packages"})
 
 
-class ConfigError(ValueError):
-    """The settings table has a wrong type or an unknown key."""
+class ConfigError(UsageError, ValueError):
+    """The settings table cannot be read, has a wrong type or an unknown key."""
+
+    slug = "docs/lint.md"
 
 
 @dataclass

@@ -110,7 +110,7 @@ def sort_key(f: Finding):
 
 def lint(paths: list[str], config: LintConfig | None = None, select: list[str] | None = None,
          ignore: list[str] | None = None) -> LintResult:
-    """Lint files and folders. Raises catalog.SelectionError for an unknown check name."""
+    """Lint files and folders. Raises ddpdoctor.errors.SelectionError for an unknown check name."""
     config = config or LintConfig()
     enabled = catalog.selected(select if select else config.select, ignore if ignore else config.ignore)
     t0 = time.perf_counter()

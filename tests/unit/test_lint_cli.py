@@ -271,6 +271,6 @@ def test_the_linter_imports_nothing_of_the_rank_side_nor_torch():
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     mods = json.loads(p.stdout.strip().replace("'", '"'))
     assert not [m for m in mods if m.startswith("torch")]
-    # its own packages (lint, and the source analysis below it), the findings type
+    # its own packages (lint, and the source analysis below it), the findings type, the errors
     assert [m for m in mods if not m.startswith(("ddpdoctor.lint", "ddpdoctor.source"))] == \
-        ["ddpdoctor", "ddpdoctor.analysis", "ddpdoctor.analysis.findings"]
+        ["ddpdoctor", "ddpdoctor.analysis", "ddpdoctor.analysis.findings", "ddpdoctor.errors"]
