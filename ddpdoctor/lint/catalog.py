@@ -1,5 +1,9 @@
 """The check ids the linter reports: the same ids and categories as the trace checks
-(``ddpdoctor/checks/*.py``), kept here so that the linter imports nothing of the trace side."""
+(``ddpdoctor/analysis/checks/*.py``), kept here rather than read from the check registry:
+importing the registry loads the whole offline analysis (loader, aligner, every check, the trace
+contract), which costs more than importing the linter itself, for a table of twelve rows.
+``tests/unit/test_lint_catalog.py`` keeps it in step with the registry (ids, categories, titles,
+documentation)."""
 
 from __future__ import annotations
 
@@ -20,6 +24,11 @@ CHECKS: dict[str, tuple[str, str]] = {
     "DD011": ("p2p-mismatch", "Point-to-point sends and receives do not match"),
     "DD012": ("collective-misuse", "Collective used outside the process group's lifetime, or groups created inconsistently"),
 }
+
+#: Ids whose static title differs on purpose from the trace check's: the source shows what the
+#: ranks *will* do (run different step counts, leave early), and DD010 statically finds only
+#: per-step barriers, not stragglers.
+OWN_TITLES = frozenset({"DD006", "DD008", "DD010"})
 
 #: Where each check's documentation lives, relative to the repository root.
 DOCS_PATH = "checks/{category}/README.md"
