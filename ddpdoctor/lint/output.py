@@ -13,7 +13,9 @@ _MARK = {"error": "ERROR", "warning": "WARNING", "info": "info"}
 WIDTH = 100
 
 
-def _version() -> str:
+def tool_version() -> str:
+    """The installed ddpdoctor's version ("?" when unknown); importlib.metadata is imported only
+    here, when output is rendered, because it is slow to import."""
     try:
         from importlib.metadata import version
 
@@ -40,7 +42,7 @@ def document(result: LintResult) -> dict:
         findings.append(d)
     return {
         "schema": LINT_SCHEMA,
-        "tool": {"name": "ddpdoctor", "version": _version()},
+        "tool": {"name": "ddpdoctor", "version": tool_version()},
         "source": "static",
         "lint": {"files": len(result.files), "lines": result.lines, "suppressed": result.suppressed,
                  "seconds": round(result.seconds, 3), "notes": result.notes},

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import catalog
 from .engine import LintResult
-from .output import _version
+from .output import tool_version
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 LEVEL = {"error": "error", "warning": "warning", "info": "note"}
@@ -102,7 +102,7 @@ def document(result: LintResult, docs_url: str | None = None, root: str | None =
         if related:
             res["relatedLocations"] = related
         results.append(res)
-    driver = {"name": "ddpdoctor", "version": _version(), "rules": rule_list}
+    driver = {"name": "ddpdoctor", "version": tool_version(), "rules": rule_list}
     if docs_url:
         driver["informationUri"] = docs_url
     run = {
