@@ -23,14 +23,17 @@ class RuleFamily:
 
 
 def canon_of(func: Func, node: ast.AST) -> str:
+    """The canonical dotted name of a call's function (``dist.x`` -> ``torch.distributed.x``), or ""."""
     return (func.module.imports.canonical(node) or "").replace(".distributed_c10d.", ".")
 
 
 def calls_of(func: Func) -> list[ast.Call]:
+    """The function's calls in source order."""
     return func.call_nodes
 
 
 def argument(call: ast.Call, idx: int, kw: str | None = None) -> ast.AST | None:
+    """The argument at position ``idx``, else the keyword ``kw``, else None."""
     if len(call.args) > idx and not isinstance(call.args[idx], ast.Starred):
         return call.args[idx]
     if kw is not None:
@@ -41,6 +44,7 @@ def argument(call: ast.Call, idx: int, kw: str | None = None) -> ast.AST | None:
 
 
 def unparsed(node: ast.AST | None) -> str | None:
+    """The source text of an expression (a key to compare paths by), or None."""
     if node is None:
         return None
     try:
@@ -50,16 +54,20 @@ def unparsed(node: ast.AST | None) -> str | None:
 
 
 def strip_module(node: ast.AST) -> ast.AST:
+    """``model.module.module`` -> ``model`` (DDP's wrapped module is the same model)."""
     while isinstance(node, ast.Attribute) and node.attr == "module":
         node = node.value
     return node
 
 
 def stmt_leaves(s: ast.stmt) -> bool:
+    """Whether the statement always leaves its block (return/raise/break/continue/exit)."""
     return stmt_exit(s) is not None
 
 
 def has_p2p_or_sync(cm: CommModel, s: ast.stmt, func: Func) -> bool:
+    """Whether the statement makes a communicating library call itself (a collective or a
+    point-to-point call, on any group), not counting calls into the analysed code."""
     for call in cm.calls_in(s, func):
         c = cm.classify(call, func)
         if isinstance(c, Comm):
@@ -68,6 +76,7 @@ def has_p2p_or_sync(cm: CommModel, s: ast.stmt, func: Func) -> bool:
 
 
 def blocks_of(func: Func) -> list[list[ast.stmt]]:
+    """Every statement block of the function (its body, branches, loop bodies), cached."""
     got = func.__dict__.get("_blocks")
     if got is None:
         got = func.__dict__["_blocks"] = list(_blocks_gen(func))
@@ -86,6 +95,7 @@ def _blocks_gen(func: Func) -> Iterator[list[ast.stmt]]:
 
 
 def loops_of(func: Func) -> list:
+    """(loop, enclosing loop or None) for every loop of the function, cached."""
     got = func.__dict__.get("_loops")
     if got is None:
         got = func.__dict__["_loops"] = _loops_with_outer(func.node)
