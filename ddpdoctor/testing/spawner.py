@@ -23,7 +23,7 @@ import uuid
 from typing import Any, Callable, Sequence
 
 from ..errors import EXIT_HANG, DistributedBugError
-from ..trace.files import STACKS_SUFFIX
+from ..trace.files import KILL_MARKER, STACKS_SUFFIX
 from .block import ENV_CHECK_DIR, _analyze, _finding_from_json, _is_distributed_failure, _limit
 
 __all__ = ["spawn", "spawn_defaults"]
@@ -152,7 +152,7 @@ def _scan(workdir: str) -> tuple[bool, list[str]]:
     texts = []
     for root, _dirs, files in os.walk(workdir):
         for name in files:
-            if name == "HANG_KILL":
+            if name == KILL_MARKER:
                 kill = True
             elif name.startswith("hang-") and name.endswith(".txt"):
                 texts.append(os.path.join(root, name))
@@ -273,9 +273,6 @@ def spawn(fn: Callable, world_size: int, timeout: float, args: Sequence = (),
     start method. On failure the traces are kept in ``err.trace_dir``.
     """
     import multiprocessing
-    import multiprocessing.connection
-
-    from .. import launcher
 
     defaults = _DEFAULTS.get() or {}
     if hang_timeout is None:
@@ -293,11 +290,7 @@ def spawn(fn: Callable, world_size: int, timeout: float, args: Sequence = (),
     workdir = tempfile.mkdtemp(prefix="ddpdoctor-spawn-")
     trace_dir = os.path.join(workdir, "trace")
     os.makedirs(trace_dir)
-    full = launcher.child_env(trace_dir, hang_timeout if hang_timeout is not None else 0, "kill",
-                              uuid.uuid4().hex[:12])
-    overlay = {k: v for k, v in full.items() if os.environ.get(k) != v}
-    overlay.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-                    "WORLD_SIZE": str(world_size), ENV_CHECK_DIR: workdir})
+    overlay = _child_overlay(trace_dir, workdir, world_size, hang_timeout)
     if start_method != "fork":
         # Started now, without this spawn's environment, so the cleanup sweep leaves it alone.
         try:
@@ -308,74 +301,19 @@ def spawn(fn: Callable, world_size: int, timeout: float, args: Sequence = (),
             pass
     procs: list = []
     t0 = time.monotonic()
-    hang_kill = False
-    timed_out = False
     try:
-        for rank in range(world_size):
-            env = dict(overlay, RANK=str(rank), LOCAL_RANK=str(rank))
-            p = ctx.Process(target=_child_main, args=(fn, rank, tuple(args), env, workdir),
-                            name=f"ddpdoctor-rank{rank}")
-            try:
-                with _environ(env):
-                    p.start()
-            except BaseException:
-                # fn or args cannot be sent to a child (a lambda, a local function...): the
-                # caller's mistake, raised as is once the ranks already started are gone.
-                _kill_all(procs, workdir, grace=2.0)
-                shutil.rmtree(workdir, ignore_errors=True)
-                raise
-            procs.append(p)
-        first_failure = None
-        while True:
-            alive = [p for p in procs if p.exitcode is None]
-            if not alive:
-                break
-            now = time.monotonic()
-            kill, _texts = _scan(workdir)
-            if kill or any(p.exitcode == EXIT_HANG for p in procs):
-                hang_kill = True
-                # Each rank ends itself (exit 124) once its watchdog sees the kill flag, after a
-                # short grace to write its records; give them that time, then end the rest.
-                until = time.monotonic() + _HANG_EXIT_GRACE_S
-                while alive and time.monotonic() < until:
-                    multiprocessing.connection.wait([p.sentinel for p in alive],
-                                                    timeout=until - time.monotonic())
-                    alive = [p for p in procs if p.exitcode is None]
-                break
-            if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
-                first_failure = now
-            # After a failure the others usually fail or finish within moments; then we end them.
-            if first_failure is not None and now - first_failure > 5.0:
-                break
-            if now - t0 > timeout:
-                timed_out = True
-                break
-            multiprocessing.connection.wait([p.sentinel for p in alive], timeout=0.1)
+        _start_ranks(ctx, procs, fn, args, overlay, world_size, workdir)
+        hang_kill, timed_out = _watch(procs, workdir, t0, timeout)
     finally:
         still = [i for i, p in enumerate(procs) if p.exitcode is None]
         _kill_all(procs, workdir, grace=2.0)
-    exitcodes = {i: p.exitcode for i, p in enumerate(procs)}
-    elapsed = time.monotonic() - t0
-    _kill_texts = _scan(workdir)[1]
-    if not hang_kill and _scan(workdir)[0]:
-        hang_kill = True
-    hang_text = _read_hang_texts(_kill_texts) if hang_kill else ""
-    errors: dict[int, dict] = {}
-    for i in range(world_size):
-        path = os.path.join(workdir, f"rank{i}.error.json")
-        if os.path.exists(path):
-            try:
-                with open(path) as f:
-                    errors[i] = json.load(f)
-            except (OSError, ValueError):
-                pass
-    failed = sorted(i for i, c in exitcodes.items() if c not in (0,) or i in errors)
+    ended = _Ended(procs, workdir, time.monotonic() - t0, hang_kill, timed_out, still)
     try:
         analysis = _analyze(trace_dir, fail_on, select, ignore)
         analysis_error = None
     except Exception as exc:  # a broken check must not hide how the ranks ended
         analysis, analysis_error = None, f"{type(exc).__name__}: {exc}"
-    if not failed and not hang_kill and not timed_out:
+    if not ended.failed and not ended.hang_kill and not timed_out:
         if analysis is None or not analysis[1]:
             if analysis_error:
                 import warnings
@@ -385,16 +323,109 @@ def spawn(fn: Callable, world_size: int, timeout: float, args: Sequence = (),
             else:
                 shutil.rmtree(workdir, ignore_errors=True)
             return None
+    raise _failure(ended, analysis, analysis_error, trace_dir, timeout)
+
+
+def _child_overlay(trace_dir: str, workdir: str, world_size: int, hang_timeout: float | None) -> dict:
+    """The environment the ranks get on top of this process's (the launcher's injection)."""
+    from .. import launcher
+
+    full = launcher.child_env(trace_dir, hang_timeout if hang_timeout is not None else 0, "kill",
+                              uuid.uuid4().hex[:12])
+    overlay = {k: v for k, v in full.items() if os.environ.get(k) != v}
+    overlay.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+                    "WORLD_SIZE": str(world_size), ENV_CHECK_DIR: workdir})
+    return overlay
+
+
+def _start_ranks(ctx, procs: list, fn: Callable, args: Sequence, overlay: dict, world_size: int,
+                 workdir: str) -> None:
+    """Start the ranks, appending each process to ``procs`` as it starts."""
+    for rank in range(world_size):
+        env = dict(overlay, RANK=str(rank), LOCAL_RANK=str(rank))
+        p = ctx.Process(target=_child_main, args=(fn, rank, tuple(args), env, workdir),
+                        name=f"ddpdoctor-rank{rank}")
+        try:
+            with _environ(env):
+                p.start()
+        except BaseException:
+            # fn or args cannot be sent to a child (a lambda, a local function...): the
+            # caller's mistake, raised as is once the ranks already started are gone.
+            _kill_all(procs, workdir, grace=2.0)
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        procs.append(p)
+
+
+def _watch(procs: list, workdir: str, t0: float, timeout: float) -> tuple[bool, bool]:
+    """Wait until every rank ended, a hang was diagnosed (the ranks then end themselves), the
+    others had a moment after a rank failed, or ``timeout``: (hang_kill, timed_out)."""
+    import multiprocessing.connection
+
+    first_failure = None
+    while True:
+        alive = [p for p in procs if p.exitcode is None]
+        if not alive:
+            return False, False
+        now = time.monotonic()
+        kill, _texts = _scan(workdir)
+        if kill or any(p.exitcode == EXIT_HANG for p in procs):
+            # Each rank ends itself (exit 124) once its watchdog sees the kill flag, after a
+            # short grace to write its records; give them that time, then end the rest.
+            until = time.monotonic() + _HANG_EXIT_GRACE_S
+            while alive and time.monotonic() < until:
+                multiprocessing.connection.wait([p.sentinel for p in alive],
+                                                timeout=until - time.monotonic())
+                alive = [p for p in procs if p.exitcode is None]
+            return True, False
+        if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
+            first_failure = now
+        # After a failure the others usually fail or finish within moments; then we end them.
+        if first_failure is not None and now - first_failure > 5.0:
+            return False, False
+        if now - t0 > timeout:
+            return False, True
+        multiprocessing.connection.wait([p.sentinel for p in alive], timeout=0.1)
+
+
+class _Ended:
+    """How the ranks of one spawn ended: exit codes, their error files, the hang diagnosis."""
+
+    def __init__(self, procs: list, workdir: str, elapsed: float, hang_kill: bool, timed_out: bool,
+                 still: list[int]) -> None:
+        self.exitcodes = {i: p.exitcode for i, p in enumerate(procs)}
+        self.elapsed = elapsed
+        self.timed_out = timed_out
+        self.still = still
+        kill, texts = _scan(workdir)
+        self.hang_kill = hang_kill or kill
+        self.hang_text = _read_hang_texts(texts) if self.hang_kill else ""
+        self.errors: dict[int, dict] = {}
+        for i in range(len(procs)):
+            path = os.path.join(workdir, f"rank{i}.error.json")
+            if os.path.exists(path):
+                try:
+                    with open(path) as f:
+                        self.errors[i] = json.load(f)
+                except (OSError, ValueError):
+                    pass
+        self.failed = sorted(i for i, c in self.exitcodes.items() if c not in (0,) or i in self.errors)
+
+
+def _failure(ended: _Ended, analysis, analysis_error: str | None, trace_dir: str,
+             timeout: float) -> DistributedBugError:
+    """The error spawn() raises: the hang, the findings, each failed rank's part."""
     from ..trace.ranges import fmt_ranks
 
+    errors, failed, hang_text = ended.errors, ended.failed, ended.hang_text
     parts: list[str] = []
     findings: list = []
     rank_errors: dict[int, str] = {}
-    if timed_out:
-        parts.append(f"ddpdoctor.spawn: timed out after {timeout:g} s; rank(s) {fmt_ranks(still)} "
+    if ended.timed_out:
+        parts.append(f"ddpdoctor.spawn: timed out after {timeout:g} s; rank(s) {fmt_ranks(ended.still)} "
                      "were still running and were ended")
-    if hang_kill:
-        parts.append(f"ddpdoctor.spawn: a hang was diagnosed and the ranks were ended ({elapsed:.1f} s "
+    if ended.hang_kill:
+        parts.append(f"ddpdoctor.spawn: a hang was diagnosed and the ranks were ended ({ended.elapsed:.1f} s "
                      "after they started)" + (":\n\n" + hang_text if hang_text else
                                               "; no diagnosis was written"))
     # A rank's DistributedBugError leads when it carries findings (every rank computed the same);
@@ -414,21 +445,21 @@ def spawn(fn: Callable, world_size: int, timeout: float, args: Sequence = (),
         parts.append(f"(the traces could not be analysed: {analysis_error})")
     # Something other than a backend error ended the job (a hang, a finding, a rank's own
     # exception or a crash): the backend errors of the other ranks are its consequences.
-    root_cause = hang_kill or bool(ours) or any(not (errors.get(i) or {}).get("distributed")
-                                                for i in failed)
+    root_cause = ended.hang_kill or bool(ours) or any(not (errors.get(i) or {}).get("distributed")
+                                                      for i in failed)
     for i in failed:
-        if i in ours or (hang_kill and exitcodes.get(i) == EXIT_HANG and i not in errors):
+        if i in ours or (ended.hang_kill and ended.exitcodes.get(i) == EXIT_HANG and i not in errors):
             continue
         err = errors.get(i)
         if root_cause and err is not None and err.get("distributed"):
             # The backend's error in a rank whose peers were ended or failed: a consequence.
             text = f"rank {i} then failed in a collective: {err.get('type')}: {str(err.get('message'))[:300]}"
-        elif timed_out and i in still and err is None:
+        elif ended.timed_out and i in ended.still and err is None:
             text = f"rank {i} was ended at:\n{_stack_excerpt(trace_dir, i)}"
         else:
-            text = _rank_failure(i, exitcodes.get(i), err)
+            text = _rank_failure(i, ended.exitcodes.get(i), err)
         rank_errors[i] = text
         parts.append(text)
     parts.append(f"(traces kept in {trace_dir}; render them again with: ddpdoctor report {trace_dir})")
-    raise DistributedBugError("\n\n".join(p for p in parts if p), findings, hang=hang_text or None,
-                              rank_errors=rank_errors, trace_dir=trace_dir)
+    return DistributedBugError("\n\n".join(p for p in parts if p), findings, hang=hang_text or None,
+                               rank_errors=rank_errors, trace_dir=trace_dir)
