@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import frmodel
 from .load import BLOCK, RankTrace, read_group_events, signature
 from .run import Run
 
@@ -61,6 +62,15 @@ def first_divergence(run: Run, group: str) -> Point | None:
     members = [r for r in run.group_members(group) if r in run.ranks]
     if len(members) < 2:
         return None
+    p = _first_divergence(run, group, members)
+    base = frmodel.base(run, group)  # FR ring buffers: positions start after the lost entries
+    if p is not None and base:
+        p.seq += base
+        p.counts = {r: c + base for r, c in p.counts.items()}
+    return p
+
+
+def _first_divergence(run: Run, group: str, members: list[int]) -> Point | None:
     counts = {r: (run.ranks[r].groups[group].count if group in run.ranks[r].groups else 0)
               for r in members}
     nblocks = max((len(run.ranks[r].groups[group].blocks) if group in run.ranks[r].groups else 0)
@@ -97,6 +107,16 @@ def mismatches(run: Run, group: str, until_seq: int | None, limit: int = 5) -> l
     members = [r for r in run.group_members(group) if r in run.ranks]
     if len(members) < 2:
         return []
+    base = frmodel.base(run, group)
+    if base:  # FR ring buffers: positions start after the lost entries
+        found = _mismatches(run, group, members, None if until_seq is None else until_seq - base, limit)
+        for p in found:
+            p.seq += base
+        return found
+    return _mismatches(run, group, members, until_seq, limit)
+
+
+def _mismatches(run: Run, group: str, members: list[int], until_seq: int | None, limit: int) -> list[Point]:
     found: list[Point] = []
     nblocks = min((len(run.ranks[r].groups[group].blocks) if group in run.ranks[r].groups else 0)
                   for r in members)

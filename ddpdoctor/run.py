@@ -84,15 +84,33 @@ def _read_all(files: list[str], jobs: int | None) -> list[RankTrace]:
 
 
 def load_run(paths: list[str], run_id: str | None = None, jobs: int | None = None) -> Run:
-    files = find_trace_files(paths)
+    from . import frmodel
+
+    fr = frmodel.prepare(paths, jobs)  # Flight Recorder dumps among the inputs, converted
+    try:
+        files = [f for f in find_trace_files(paths) if fr is None or os.path.abspath(f) not in fr.sources]
+    except TraceError as exc:
+        if fr is None or not fr.files:
+            raise TraceError("; ".join([str(exc)] + (fr.notes[:2] if fr is not None else []))) from None
+        files = []
+    files += fr.files if fr is not None else []
     traces = _read_all(files, jobs)
-    notes: list[str] = []
+    notes: list[str] = list(fr.notes) if fr is not None else []
+    if fr is not None:
+        fr.annotate(traces)
     for rt in traces:
         notes.extend(rt.problems)
     traces = [rt for rt in traces if rt.header and _header_ok(rt, notes)]
     if not traces:
         raise TraceError(f"no readable ddpdoctor trace among {len(files)} file(s): " + "; ".join(notes[:2]))
     runs = Counter(rt.run for rt in traces)
+    if run_id is None and len(runs) > 1 and frmodel.RUN_ID in runs:
+        # ddpdoctor traces say more than FR dumps of the same job: they win unless --run fr
+        runs.pop(frmodel.RUN_ID)
+        traces = [rt for rt in traces if rt.run != frmodel.RUN_ID]
+        notes = [n for n in notes if fr is None or n not in fr.notes]
+        notes.append("ddpdoctor traces and Flight Recorder dumps in the input: reporting the traces "
+                     f"(the dumps with --run {frmodel.RUN_ID})")
     if run_id is None:
         if len(runs) > 1:
             # The newest run (by start time) wins; the others are named so they can be chosen.
@@ -122,6 +140,7 @@ def load_run(paths: list[str], run_id: str | None = None, jobs: int | None = Non
     if run.missing:
         from .ranges import fmt_ranks
 
-        notes.append(f"no trace for rank(s) {fmt_ranks(run.missing)} of {world}: "
+        what = "Flight Recorder dump" if run_id == frmodel.RUN_ID else "trace"
+        notes.append(f"no {what} for rank(s) {fmt_ranks(run.missing)} of {world}: "
                      "the report covers the ranks found")
     return run
