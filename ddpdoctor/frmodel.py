@@ -233,6 +233,7 @@ def convert(job: tuple[str, str, str]) -> dict:
     world = len(members.get("0", [])) if "0" in members else 0
     channels: dict[tuple, int] = {}
     incomplete = 0
+    stuck: dict[str, list] = {}
     body: list[str] = []
     op_cache: dict[str, str] = {}
     for e in entries:
@@ -275,6 +276,8 @@ def convert(job: tuple[str, str, str]) -> dict:
             continue
         if seq <= 0:
             continue
+        if not complete and g not in stuck:  # the oldest unfinished collective of the group
+            stuck[g] = [seq, op, sid, state]
         span = groups.get(g)
         if span is None:
             groups[g] = [seq, seq, 1]
@@ -294,10 +297,11 @@ def convert(job: tuple[str, str, str]) -> dict:
               if isinstance(v, dict)}
     header = {"t": "header", "schema": 1, "tool": "ddpdoctor", "source": "flight-recorder",
               "run": RUN_ID, "rank": rank, "world": world, "attempt": 0, "backend": backend,
+              "torch": f"? (FR format {dump.get('version', '?')})",
               "wall0": t0 / 1e9, "pg_timeout_s": None, "hang_timeout_s": 0,
               "fr": {"file": os.path.abspath(src), "form": kind, "version": str(dump.get("version", "")),
                      "entries": len(entries), "stacks": sites.with_stack > 0, "pg_status": status,
-                     "groups": groups, "incomplete": incomplete}}
+                     "groups": groups, "incomplete": incomplete, "stuck": stuck}}
     pgs = [_dumps({"t": "pg", "op": "new_group", "g": name, "ranks": ranks}) + "\n"
            for name, ranks in members.items() if name != "0"]
     try:
@@ -443,17 +447,16 @@ def _window(fr: FrInput, by_rank: dict[int, dict]) -> None:
         common = max(los.values())
         fr.bases[g] = common - 1
         if common > 1:
-            wrapped = sorted(r for r, lo in los.items() if lo > 1)
             from .ranges import fmt_ranks
 
-            if len(set(los.values())) > 1:
-                fr.notes.append(
-                    f"process group {g}: the ring buffers start at different collectives "
-                    f"(#{min(los.values())} to #{common}); ranks are compared from #{common}, "
-                    f"collectives #1-#{common - 1} are lost on rank(s) {fmt_ranks(wrapped)} (buffer wrapped)")
-            else:
-                fr.notes.append(f"process group {g}: collectives #1-#{common - 1} were overwritten in "
-                                f"every rank's ring buffer (TORCH_FR_BUFFER_SIZE); compared from #{common}")
+            starts: dict[int, list[int]] = {}
+            for r, lo in los.items():
+                starts.setdefault(lo, []).append(r)
+            held = ", ".join(f"rank{'s' if len(rs) > 1 else ''} {fmt_ranks(rs)} from #{lo}"
+                             for lo, rs in sorted(starts.items(), reverse=True))
+            fr.notes.append(f"process group {g}: the ring buffers wrapped (TORCH_FR_BUFFER_SIZE) and hold "
+                            f"{held}; compared from #{common}, earlier collectives are missing from at "
+                            "least one dump")
         if any(lo < common for lo in los.values()):
             cut[g] = common
     if not cut:
@@ -501,3 +504,11 @@ def limits_text(run) -> str:
         parts.insert(0, "some dumps have no stacks, so those calls have no call site")
     return "; ".join(parts)
 
+
+
+def annotate_findings(run, findings) -> None:
+    """Say on every finding that it comes from FR dumps, and what those cannot show."""
+    limits = limits_text(run)
+    for f in findings:
+        f.message += f" (From Flight Recorder dumps; {limits}.)"
+        f.data["source"] = "flight-recorder"

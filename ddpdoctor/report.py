@@ -53,6 +53,10 @@ def analyze(run: Run, select=None, ignore=None) -> tuple[list[Finding], list[str
         except Exception as exc:  # one broken check must not hide the others' findings
             notes.append(f"check {check.id} ({check.category}) failed: {type(exc).__name__}: {exc}")
     findings.sort(key=sort_key)
+    from . import frmodel
+
+    if frmodel.is_fr(run):
+        frmodel.annotate_findings(run, findings)
     return findings, notes
 
 
