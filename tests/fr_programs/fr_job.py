@@ -50,7 +50,7 @@ def divergent(rank, t):
     for _ in range(5):
         dist.all_reduce(t)
     if rank == 0:
-        dist.all_reduce(t)  # BUG divergent: only rank 0 makes this call
+        dist.all_reduce(t)  # culprit: divergent (only rank 0 makes this call)
     dist.barrier()
 
 
@@ -59,13 +59,13 @@ def skipped_barrier(rank, t):
         dist.all_reduce(t)
     if rank != 2:
         dist.barrier()
-    dist.all_reduce(t)  # BUG skipped_barrier: rank 2 arrives here while the others wait in the barrier
+    dist.all_reduce(t)  # culprit: skipped_barrier (rank 2 skipped the barrier and waits here)
 
 
 def mismatch(rank, t):
     dist.all_reduce(t)
     x = torch.ones(2, 4) if rank == 1 else torch.ones(8)
-    dist.all_reduce(x)  # BUG mismatch: rank 1 passes [2, 4], the others [8] (same bytes: gloo says nothing)
+    dist.all_reduce(x)  # culprit: mismatch (rank 1 passes [2, 4], the others [8]; same bytes: gloo says nothing)
     dist.all_reduce(t)
     dist.barrier()
     time.sleep(30)
@@ -76,7 +76,7 @@ def dead_rank(rank, t):
         dist.all_reduce(t)
     if rank == 1:
         os.kill(os.getpid(), signal.SIGSTOP)  # frozen like a dead node: sockets stay open, no dump
-    dist.all_reduce(t)  # BUG dead_rank: ranks 0 and 2 wait here for rank 1
+    dist.all_reduce(t)  # culprit: dead_rank (ranks 0 and 2 wait here for rank 1)
 
 
 def uneven_ddp(rank, t):
@@ -84,15 +84,15 @@ def uneven_ddp(rank, t):
     batches = [torch.randn(8, 4) for _ in range(3 if rank == 1 else 4)]
     for x in batches:
         loss = model(x).sum()
-        loss.backward()  # BUG uneven_ddp: ranks 0 and 2 wait in a gradient all-reduce rank 1 never joins
-    dist.barrier()
+        loss.backward()  # ranks 0 and 2 wait in a gradient all-reduce rank 1 never joins
+    dist.barrier()  # culprit: uneven_ddp (rank 1 ran out of batches)
 
 
 def wrapped(rank, t):
     for _ in range(60):
         dist.all_reduce(t)
     if rank == 0:
-        dist.all_reduce(t)  # BUG wrapped: only rank 0 makes this call
+        dist.all_reduce(t)  # culprit: wrapped (only rank 0 makes this call)
     dist.barrier()
 
 
