@@ -123,7 +123,8 @@ class _Sites:
 
     def __init__(self, out: list[str]) -> None:
         self.out = out
-        self.by_obj: dict[int, int] = {}
+        self.by_obj: dict[tuple, int] = {}
+        self.is_lib: dict[str, bool] = {}
         self.by_key: dict[tuple, int] = {}
         self.keep: list = []  # keeps the frames objects alive so their ids stay unique
         self.with_stack = 0
@@ -131,15 +132,21 @@ class _Sites:
     def get(self, frames) -> int:
         if not isinstance(frames, list) or not frames:
             return self._intern((), None)
-        sid = self.by_obj.get(id(frames))
+        # torch's pickler shares equal frame dicts between entries (memo), not the lists
+        okey = tuple(map(id, frames))
+        sid = self.by_obj.get(okey)
         if sid is not None:
             return sid
         user, lib = [], []
+        is_lib = self.is_lib
         for fr in frames:
             if not isinstance(fr, dict):
                 continue
             fn, line, name = str(fr.get("filename", "?")), _int(fr.get("line")), str(fr.get("name", "?"))
-            if _is_library(fn):
+            lib_frame = is_lib.get(fn)
+            if lib_frame is None:
+                lib_frame = is_lib[fn] = _is_library(fn)
+            if lib_frame:
                 if not user:
                     lib.append((fn, line, name))
             else:
@@ -152,8 +159,8 @@ class _Sites:
             if "distributed_c10d" not in fn and "c10d_logger" not in fn:
                 via = f"{name} ({os.path.basename(fn)}:{line})"
         sid = self._intern(tuple(user), via)
-        self.by_obj[id(frames)] = sid
-        self.keep.append(frames)
+        self.by_obj[okey] = sid
+        self.keep.append(frames)  # keeps the ids in okey from being reused
         return sid
 
     def _intern(self, user: tuple, via) -> int:
@@ -180,12 +187,16 @@ class _Sites:
         return sid
 
 
-def _completed(e: dict, gloo: bool) -> bool:
-    state = str(e.get("state", ""))
-    if state == "completed":
-        return True
-    # gloo never moves state past "scheduled"; a retired entry is a finished work object.
-    return bool(e.get("retired")) and (gloo or state not in ("scheduled", "started"))
+def _shape(e: dict, pn) -> tuple:
+    """(group, op, elements, encoded middle of the ``c`` line, encoded group) of an entry."""
+    g, _desc = _pg(e)
+    pn = str(pn)
+    base = pn.split(":", 1)[1] if ":" in pn else pn
+    base = base.split(" ", 1)[0]
+    op = _OPS.get(base, base)
+    x, n = _tensors(e.get("input_sizes"), e.get("input_dtypes"))
+    xo, _ = _tensors(e.get("output_sizes"), e.get("output_dtypes"))
+    return g, op, n, f'"op":{_dumps(op)},"x":{_dumps(x)},"n":{n},"xo":{_dumps(xo)},', _dumps(g)
 
 
 def convert(job: tuple[str, str, str]) -> dict:
@@ -235,32 +246,41 @@ def convert(job: tuple[str, str, str]) -> dict:
     incomplete = 0
     stuck: dict[str, list] = {}
     body: list[str] = []
-    op_cache: dict[str, str] = {}
+    # Entries of one shape (group, op, sizes, dtypes) share their encoded middle part.
+    shapes: dict[tuple, tuple] = {}
+    states: dict[tuple, str] = {}
     for e in entries:
-        g, _desc = _pg(e)
-        pn = str(e.get("profiling_name", "?"))
-        op = op_cache.get(pn)
-        if op is None:
-            base = pn.split(":", 1)[1] if ":" in pn else pn
-            op = op_cache[pn] = _OPS.get(base.split(" ", 1)[0], base.split(" ", 1)[0])
-        x, n = _tensors(e.get("input_sizes"), e.get("input_dtypes"))
-        xo, _ = _tensors(e.get("output_sizes"), e.get("output_dtypes"))
-        created = _int(e.get("time_created_ns"))
-        ts = max(0, (created - t0) // 1000) if created else 0
-        done = _int(e.get("time_discovered_completed_ns"))
-        d = max(0, (done - created) // 1000) if done and created else 0
-        if not d and isinstance(e.get("duration_ms"), (int, float)):
-            d = int(e["duration_ms"] * 1000)
-        sid = sites.get(e.get("frames"))
-        complete = _completed(e, gloo)
-        state = str(e.get("state", "?"))
-        tail = f',"fr":{_dumps(state)}'
+        get = e.get
+        pn = get("profiling_name", "?")
+        pg = get("process_group")
+        isz, idt, osz, odt = get("input_sizes"), get("input_dtypes"), get("output_sizes"), get("output_dtypes")
+        key = (pn, str(pg), str(isz), str(idt), str(osz), str(odt))
+        shape = shapes.get(key)
+        if shape is None:
+            shape = shapes[key] = _shape(e, pn)
+        g, op, n, mid, gj = shape
+        created = get("time_created_ns")
+        created = created if isinstance(created, int) else 0
+        ts = (created - t0) // 1000 if created > t0 else 0
+        done = get("time_discovered_completed_ns")
+        d = (done - created) // 1000 if isinstance(done, int) and done > created > 0 else 0
+        if not d:
+            dm = get("duration_ms")
+            if isinstance(dm, (int, float)) and dm > 0:
+                d = int(dm * 1000)
+        sid = sites.get(get("frames"))
+        state = get("state", "?")
+        complete = state == "completed" or (bool(get("retired")) and (gloo or state not in ("scheduled", "started")))
+        skey = (state, complete)
+        tail = states.get(skey)
+        if tail is None:
+            tail = states[skey] = f',"fr":{_dumps(str(state))}' + ("" if complete else ',"pending":1')
         if not complete:
-            tail += ',"pending":1'
             incomplete += 1
-        seq = _int(e.get("collective_seq_id"))
-        if e.get("is_p2p") or (seq == 0 and _int(e.get("p2p_seq_id")) > 0):
-            meta = pn.split(" ", 1)[1] if " " in pn else ""
+        seq = get("collective_seq_id")
+        seq = seq if isinstance(seq, int) else 0
+        if get("is_p2p") or (seq == 0 and _int(get("p2p_seq_id")) > 0):
+            meta = pn.split(" ", 1)[1] if isinstance(pn, str) and " " in pn else ""
             m, mr = _SEND.match(meta), _RECV.match(meta)
             if not (m or mr):
                 continue
@@ -271,13 +291,14 @@ def convert(job: tuple[str, str, str]) -> dict:
                 b = ranks[b] if b < len(ranks) else b
             ch = f"{a}>{b}"
             k = channels[(g, ch)] = channels.get((g, ch), 0) + 1
-            body.append(f'{{"t":"p","op":{_dumps(op)},"g":{_dumps(g)},"ch":"{ch}","s":{k},'
+            x, n = _tensors(isz, idt)
+            body.append(f'{{"t":"p","op":{_dumps(op)},"g":{gj},"ch":"{ch}","s":{k},'
                         f'"x":{_dumps(x)},"n":{n},"ts":{ts},"d":{d},"site":{sid}{tail}}}\n')
             continue
         if seq <= 0:
             continue
         if not complete and g not in stuck:  # the oldest unfinished collective of the group
-            stuck[g] = [seq, op, sid, state]
+            stuck[g] = [seq, op, sid, str(state)]
         span = groups.get(g)
         if span is None:
             groups[g] = [seq, seq, 1]
@@ -286,12 +307,11 @@ def convert(job: tuple[str, str, str]) -> dict:
                 gaps.append(f"group {g}: #{span[1]} then #{seq}")
             span[1] = seq
             span[2] += 1
-        if g == "0" and not world and op in ("all_gather", "all_gather_into_tensor") and n:
-            _xo, nout = _tensors(e.get("output_sizes"), e.get("output_dtypes"))
+        if not world and g == "0" and n and op in ("all_gather", "all_gather_into_tensor"):
+            _xo, nout = _tensors(osz, odt)
             if nout and nout % n == 0:
                 world = nout // n
-        body.append(f'{{"t":"c","g":{_dumps(g)},"s":{seq},"op":{_dumps(op)},"x":{_dumps(x)},"n":{n},'
-                    f'"xo":{_dumps(xo)},"ts":{ts},"d":{d},"site":{sid}{tail}}}\n')
+        body.append(f'{{"t":"c","g":{gj},"s":{seq},{mid}"ts":{ts},"d":{d},"site":{sid}{tail}}}\n')
     pg_status = dump.get("pg_status") if isinstance(dump.get("pg_status"), dict) else {}
     status = {str(k): {kk: _int(vv, -1) for kk, vv in v.items()} for k, v in pg_status.items()
               if isinstance(v, dict)}
