@@ -27,10 +27,13 @@ import os
 import re
 import shutil
 import tempfile
+import zlib
+from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from . import frdump, sourceinfo
+from .load import BARRIER_OPS, BLOCK, TAIL, GroupStream, RankTrace, signature
 from .tracefile import PREFIX, SUFFIX
 
 #: Run id given to the ranks read from Flight Recorder dumps.
@@ -127,6 +130,7 @@ class _Sites:
         self.is_lib: dict[str, bool] = {}
         self.by_key: dict[tuple, int] = {}
         self.keep: list = []  # keeps the frames objects alive so their ids stay unique
+        self.records: list[dict] = []
         self.with_stack = 0
 
     def get(self, frames) -> int:
@@ -184,6 +188,7 @@ class _Sites:
         if conds:
             rec["conds"] = conds
         self.out.append(_dumps(rec) + "\n")
+        self.records.append(rec)
         return sid
 
 
@@ -196,7 +201,9 @@ def _shape(e: dict, pn) -> tuple:
     op = _OPS.get(base, base)
     x, n = _tensors(e.get("input_sizes"), e.get("input_dtypes"))
     xo, _ = _tensors(e.get("output_sizes"), e.get("output_dtypes"))
-    return g, op, n, f'"op":{_dumps(op)},"x":{_dumps(x)},"n":{n},"xo":{_dumps(xo)},', _dumps(g)
+    sig = (op + "|" + signature({"op": op, "x": x})).encode()  # what load.read_rank digests
+    return (g, op, n, f'"op":{_dumps(op)},"x":{_dumps(x)},"n":{n},"xo":{_dumps(xo)},', _dumps(g),
+            op.encode(), sig)
 
 
 def convert(job: tuple[str, str, str]) -> dict:
@@ -246,6 +253,11 @@ def convert(job: tuple[str, str, str]) -> dict:
     incomplete = 0
     stuck: dict[str, list] = {}
     body: list[str] = []
+    rt = RankTrace(path=out)
+    streams, waits, op_sites, last_op = rt.groups, rt.waits, rt.op_sites, rt.last_op
+    tail_lines: deque = deque(maxlen=TAIL)
+    rel = 0  # byte offset of the next line in the body
+    crc = zlib.crc32
     # Entries of one shape (group, op, sizes, dtypes) share their encoded middle part.
     shapes: dict[tuple, tuple] = {}
     states: dict[tuple, str] = {}
@@ -258,7 +270,7 @@ def convert(job: tuple[str, str, str]) -> dict:
         shape = shapes.get(key)
         if shape is None:
             shape = shapes[key] = _shape(e, pn)
-        g, op, n, mid, gj = shape
+        g, op, n, mid, gj, op_b, sig_b = shape
         created = get("time_created_ns")
         created = created if isinstance(created, int) else 0
         ts = (created - t0) // 1000 if created > t0 else 0
@@ -292,8 +304,22 @@ def convert(job: tuple[str, str, str]) -> dict:
             ch = f"{a}>{b}"
             k = channels[(g, ch)] = channels.get((g, ch), 0) + 1
             x, n = _tensors(isz, idt)
-            body.append(f'{{"t":"p","op":{_dumps(op)},"g":{gj},"ch":"{ch}","s":{k},'
-                        f'"x":{_dumps(x)},"n":{n},"ts":{ts},"d":{d},"site":{sid}{tail}}}\n')
+            line = (f'{{"t":"p","op":{_dumps(op)},"g":{gj},"ch":"{ch}","s":{k},'
+                    f'"x":{_dumps(x)},"n":{n},"ts":{ts},"d":{d},"site":{sid}{tail}}}\n')
+            body.append(line)
+            rel += len(line)
+            rt.events += 1
+            pkey = f"{g}:{ch}"
+            psig = ("t|" + str(x)).encode()
+            ent = rt.p2p.get(pkey)
+            if ent is None:
+                rt.p2p[pkey] = [1, crc(psig), json.loads(line)]
+            else:
+                ent[0] += 1
+                ent[1] = crc(psig, ent[1])
+            tail_lines.append(line)
+            if ts + d > rt.last_ts:
+                rt.last_ts = ts + d
             continue
         if seq <= 0:
             continue
@@ -311,7 +337,44 @@ def convert(job: tuple[str, str, str]) -> dict:
             _xo, nout = _tensors(osz, odt)
             if nout and nout % n == 0:
                 world = nout // n
-        body.append(f'{{"t":"c","g":{gj},"s":{seq},{mid}"ts":{ts},"d":{d},"site":{sid}{tail}}}\n')
+        line = f'{{"t":"c","g":{gj},"s":{seq},{mid}"ts":{ts},"d":{d},"site":{sid}{tail}}}\n'
+        body.append(line)
+        # what load.read_rank computes from this line, computed here (a test keeps them equal)
+        rt.events += 1
+        gs = streams.get(g)
+        if gs is None:
+            gs = streams[g] = GroupStream()
+        if gs.count % BLOCK == 0:
+            if gs.count:
+                gs.blocks[-1][0], gs.blocks[-1][1] = gs._op, gs._sig
+            gs.blocks.append([0, 0, rel])  # relative to the body; the prefix is added at the end
+            gs._op = gs._sig = 0
+        gs._op = crc(op_b, gs._op)
+        gs._sig = crc(sig_b, gs._sig)
+        gs.count += 1
+        rel += len(line)
+        tail_lines.append(line)
+        w = waits.get(op)
+        if w is None:
+            waits[op] = [1, d, d]
+        else:
+            w[0] += 1
+            w[1] += d
+            if d > w[2]:
+                w[2] = d
+        w = op_sites.get((op, sid))
+        if w is None:
+            op_sites[(op, sid)] = [1, d]
+        else:
+            w[0] += 1
+            w[1] += d
+        prev = last_op.get(g)
+        if prev is not None and prev[0] in BARRIER_OPS:
+            k = (prev[1], op)
+            rt.after_barrier[k] = rt.after_barrier.get(k, 0) + 1
+        last_op[g] = (op, sid)
+        if ts + d > rt.last_ts:
+            rt.last_ts = ts + d
     pg_status = dump.get("pg_status") if isinstance(dump.get("pg_status"), dict) else {}
     status = {str(k): {kk: _int(vv, -1) for kk, vv in v.items()} for k, v in pg_status.items()
               if isinstance(v, dict)}
@@ -322,18 +385,34 @@ def convert(job: tuple[str, str, str]) -> dict:
               "fr": {"file": os.path.abspath(src), "form": kind, "version": str(dump.get("version", "")),
                      "entries": len(entries), "stacks": sites.with_stack > 0, "pg_status": status,
                      "groups": groups, "incomplete": incomplete, "stuck": stuck}}
-    pgs = [_dumps({"t": "pg", "op": "new_group", "g": name, "ranks": ranks}) + "\n"
-           for name, ranks in members.items() if name != "0"]
+    pg_recs = [{"t": "pg", "op": "new_group", "g": name, "ranks": ranks}
+               for name, ranks in members.items() if name != "0"]
+    head = _dumps(header) + "\n"
+    pgs = [_dumps(r) + "\n" for r in pg_recs]
     try:
-        with open(out, "w", encoding="utf-8") as f:
-            f.write(_dumps(header) + "\n")
+        # ASCII only (json.dumps escapes the rest), so a line's length is its size in bytes
+        with open(out, "w", encoding="ascii") as f:
+            f.write(head)
             f.writelines(pgs)
             f.writelines(lines)  # site records precede every event (sites are read first)
             f.writelines(body)
-    except OSError as exc:
-        summary["notes"].append(f"{os.path.basename(src)}: cannot convert ({exc.strerror}); ignored")
+    except (OSError, UnicodeEncodeError) as exc:
+        summary["notes"].append(f"{os.path.basename(src)}: cannot convert ({exc}); ignored")
         summary["skip"] = True
         return summary
+    prefix = len(head) + sum(map(len, pgs)) + sum(map(len, lines))
+    for gs in streams.values():
+        if gs.blocks:
+            gs.blocks[-1][0], gs.blocks[-1][1] = gs._op, gs._sig
+        for blk in gs.blocks:
+            blk[2] += prefix
+    rt.header = json.loads(head)
+    for r in pg_recs:
+        rt.rare.append(json.loads(_dumps(r)))
+        rt.header.setdefault("_groups", {})[r["g"]] = r["ranks"]
+    rt.sites = {r["id"]: json.loads(_dumps(r)) for r in sites.records}
+    rt.tail.extend(json.loads(x) for x in tail_lines)
+    summary["trace"] = rt
     if gaps:
         summary["notes"].append(f"{os.path.basename(src)} (rank {rank}): entries missing inside the "
                                 f"buffer ({'; '.join(gaps[:3])}); positions after a gap are compared as if contiguous")
@@ -346,7 +425,8 @@ def convert(job: tuple[str, str, str]) -> dict:
 class FrInput:
     """The Flight Recorder dumps among the inputs, converted."""
 
-    files: list[str] = field(default_factory=list)  # converted trace files
+    traces: list = field(default_factory=list)  # RankTraces built while converting
+    files: list[str] = field(default_factory=list)  # converted files to read (rewritten to a window)
     sources: set[str] = field(default_factory=set)  # every dump file recognised (absolute paths)
     notes: list[str] = field(default_factory=list)
     bases: dict[str, int] = field(default_factory=dict)  # group -> positions before the window
@@ -441,7 +521,10 @@ def prepare(paths: list[str], jobs: int | None = None) -> FrInput | None:
         return fr if fr.notes else None
     _window(fr, by_rank)
     for _r, s in sorted(by_rank.items()):
-        fr.files.append(s["out"])
+        if s.get("trace") is not None:
+            fr.traces.append(s.pop("trace"))
+        else:
+            fr.files.append(s["out"])
         fr.by_out[s["out"]] = s
     forms = sorted({s["form"] for s in by_rank.values()})
     fr.notes.insert(0, f"read {len(by_rank)} Flight Recorder dump(s) ({'/'.join(forms)}); findings "
@@ -485,6 +568,7 @@ def _window(fr: FrInput, by_rank: dict[int, dict]) -> None:
         mine = {g: c for g, c in cut.items() if g in s["groups"] and s["groups"][g][0] < c}
         if mine:
             _rewrite(s["out"], mine)
+            s["trace"] = None  # its blocks moved: read again by load.read_rank
 
 
 def _rewrite(path: str, cut: dict[str, int]) -> None:

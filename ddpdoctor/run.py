@@ -90,11 +90,11 @@ def load_run(paths: list[str], run_id: str | None = None, jobs: int | None = Non
     try:
         files = [f for f in find_trace_files(paths) if fr is None or os.path.abspath(f) not in fr.sources]
     except TraceError as exc:
-        if fr is None or not fr.files:
+        if fr is None or not (fr.files or fr.traces):
             raise TraceError("; ".join([str(exc)] + (fr.notes[:2] if fr is not None else []))) from None
         files = []
     files += fr.files if fr is not None else []
-    traces = _read_all(files, jobs)
+    traces = _read_all(files, jobs) + (fr.traces if fr is not None else [])
     notes: list[str] = list(fr.notes) if fr is not None else []
     if fr is not None:
         fr.annotate(traces)

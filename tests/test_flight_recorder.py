@@ -224,3 +224,37 @@ def test_reader_refuses_every_global(tmp_path):
     assert frdump.rank_of("/x/dump3.json", {}) == 3
     assert frdump.rank_of("/x/dump", {"rank": 5}) == 5
     assert frdump.rank_of("/x/dump", {}) is None
+
+
+def _nccl_entry(seq, p2p, name, sizes, state="completed", frames=None):
+    return {"record_id": seq + p2p, "pg_id": 0, "process_group": ("0", "default_pg"),
+            "collective_seq_id": seq, "p2p_seq_id": p2p, "profiling_name": name,
+            "time_created_ns": 10**18 + 1000 * (seq + p2p), "input_sizes": sizes, "input_dtypes": ["Float"] * len(sizes),
+            "output_sizes": sizes, "output_dtypes": ["Float"] * len(sizes), "state": state, "retired": state == "completed",
+            "time_discovered_completed_ns": 10**18 + 1000 * (seq + p2p) + 500 if state == "completed" else None,
+            "is_p2p": p2p > 0, "frames": frames or []}
+
+
+def test_trace_built_while_converting_equals_reading_the_file(dumps, tmp_path):
+    """The converter computes the RankTrace itself (no second pass): it must be exactly what
+    load.read_rank makes of the converted file, for every real dump and for NCCL-like p2p."""
+    from ddpdoctor import frmodel, load
+
+    files = [f for name in ("divergent", "uneven_ddp", "mismatch", "divergent_json") for f in dumps[name].iterdir()]
+    nccl = tmp_path / "nccl_trace_rank_0"
+    nccl.write_bytes(pickle.dumps({"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg",
+                                                                          "ranks": "[0, 1]"}},
+                                   "entries": [_nccl_entry(1, 0, "nccl:all_reduce", [[4]]),
+                                               _nccl_entry(0, 1, "nccl:send 0->1", [[2]]),
+                                               _nccl_entry(3, 0, "nccl:_allgather_base", [[4]], "started")]},
+                                  protocol=2))
+    files.append(nccl)
+    for f in files:
+        out = tmp_path / "x.jsonl"
+        s = frmodel.convert((str(f), frdump.sniff(str(f)), str(out)))
+        direct, read = s["trace"], load.read_rank(str(out))
+        assert read.problems == []
+        assert direct == read, f
+    assert direct.p2p["0:0>1"][0] == 1 and [e["op"] for e in direct.tail] == ["all_reduce", "send",
+                                                                               "all_gather_into_tensor"]
+    assert direct.tail[-1]["pending"] == 1 and direct.world == 2 and direct.header["backend"] == "nccl"
