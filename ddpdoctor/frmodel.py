@@ -31,6 +31,7 @@ import zlib
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from operator import itemgetter, methodcaller
 
 from . import frdump, sourceinfo
 from .load import BARRIER_OPS, BLOCK, TAIL, GroupStream, RankTrace, signature
@@ -228,7 +229,10 @@ def convert(job: tuple[str, str, str]) -> dict:
         return summary
     summary["rank"] = rank
     entries = [e for e in dump.get("entries") or [] if isinstance(e, dict)]
-    entries.sort(key=lambda e: _int(e.get("record_id")))
+    try:
+        entries.sort(key=itemgetter("record_id"))  # oldest first (normally already so)
+    except (KeyError, TypeError):
+        entries.sort(key=lambda e: _int(e.get("record_id")))
     pg_config = dump.get("pg_config") if isinstance(dump.get("pg_config"), dict) else {}
     members: dict[str, list[int]] = {}
     for key, cfg in pg_config.items():
@@ -243,7 +247,8 @@ def convert(job: tuple[str, str, str]) -> dict:
             backend = pn.split(":", 1)[0]
             break
     gloo = backend == "gloo"
-    t0 = min((_int(e.get("time_created_ns")) for e in entries if e.get("time_created_ns")), default=0)
+    # entries are in creation order: the first timestamp is the origin (an earlier one clamps to 0)
+    t0 = next((c for c in map(methodcaller("get", "time_created_ns"), entries) if isinstance(c, int) and c > 0), 0)
     lines: list[str] = []
     sites = _Sites(lines)
     groups: dict[str, list[int]] = {}
@@ -260,7 +265,7 @@ def convert(job: tuple[str, str, str]) -> dict:
     crc = zlib.crc32
     # Entries of one shape (group, op, sizes, dtypes) share their encoded middle part.
     shapes: dict[tuple, tuple] = {}
-    states: dict[tuple, str] = {}
+    states: dict[tuple, tuple] = {}
     for e in entries:
         get = e.get
         pn = get("profiling_name", "?")
@@ -282,11 +287,13 @@ def convert(job: tuple[str, str, str]) -> dict:
                 d = int(dm * 1000)
         sid = sites.get(get("frames"))
         state = get("state", "?")
-        complete = state == "completed" or (bool(get("retired")) and (gloo or state not in ("scheduled", "started")))
-        skey = (state, complete)
-        tail = states.get(skey)
-        if tail is None:
-            tail = states[skey] = f',"fr":{_dumps(str(state))}' + ("" if complete else ',"pending":1')
+        skey = (state, get("retired"))
+        st = states.get(skey)
+        if st is None:
+            # gloo never moves state past "scheduled": there, a retired entry is a finished work
+            complete = state == "completed" or (bool(skey[1]) and (gloo or state not in ("scheduled", "started")))
+            st = states[skey] = (complete, f',"fr":{_dumps(str(state))}' + ("" if complete else ',"pending":1'))
+        complete, tail = st
         if not complete:
             incomplete += 1
         seq = get("collective_seq_id")
