@@ -63,8 +63,13 @@ _C_LINE = re.compile(rb'^\{"t":"c","g":("(?:[^"\\]|\\.)*"),"s":([0-9]+),')
 NO_STACK = "(no stack in the dump)"
 
 
+#: ddpdoctor's own frames (dumps taken under ``ddpdoctor trace``).
+_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 def _is_library(filename: str) -> bool:
-    return bool(_LIB.search(filename) or _STDLIB.search(filename))
+    return bool(_LIB.search(filename) or _STDLIB.search(filename) or filename.startswith(_HERE)
+                or "-packages/ddpdoctor/" in filename)
 
 
 def _dumps(v) -> str:
@@ -159,6 +164,7 @@ class _Sites:
                 if len(user) >= 6:
                     break
         via = None
+        lib = [f for f in lib if not (f[0].startswith(_HERE) or "-packages/ddpdoctor/" in f[0])]
         if user and lib:
             fn, line, name = lib[-1]
             if "distributed_c10d" not in fn and "c10d_logger" not in fn:
@@ -461,7 +467,7 @@ def _ours(name: str) -> bool:
     """Files of ddpdoctor's trace folders, never dumps."""
     return (name.startswith(PREFIX) and (name.endswith(SUFFIX) or name.endswith(".stacks.txt")
                                          or name.endswith(".inflight"))) or name.startswith("hang-") \
-        or name == "HANG_KILL"
+        or name == "HANG_KILL" or name.endswith(".part")
 
 
 def find_dumps(paths: list[str]) -> list[tuple[str, str]]:
@@ -486,11 +492,10 @@ def find_dumps(paths: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def prepare(paths: list[str], jobs: int | None = None) -> FrInput | None:
-    """Find and convert the Flight Recorder dumps among ``paths``; None when there are none.
-
-    Raises frdump.DumpRefused (a TraceError) for a pickle that would run code."""
-    found = find_dumps(paths)
+def prepare(paths: list[str], jobs: int | None = None, found: list | None = None) -> FrInput | None:
+    """Find (unless ``found``) and convert the Flight Recorder dumps among ``paths``; None when
+    there are none. Raises frdump.DumpRefused (a TraceError) for a pickle that would run code."""
+    found = find_dumps(paths) if found is None else found
     if not found:
         return None
     tmp = _tmpdir()

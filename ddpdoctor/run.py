@@ -86,16 +86,31 @@ def _read_all(files: list[str], jobs: int | None) -> list[RankTrace]:
 def load_run(paths: list[str], run_id: str | None = None, jobs: int | None = None) -> Run:
     from . import frmodel
 
-    fr = frmodel.prepare(paths, jobs)  # Flight Recorder dumps among the inputs, converted
+    for p in paths:
+        if not os.path.exists(p):
+            raise TraceError(f"no such file or folder: {p}")
+    dumps = frmodel.find_dumps(paths)  # Flight Recorder dumps among the inputs (by content)
+    sources = {src for src, _kind in dumps}
     try:
-        files = [f for f in find_trace_files(paths) if fr is None or os.path.abspath(f) not in fr.sources]
-    except TraceError as exc:
-        if fr is None or not (fr.files or fr.traces):
-            raise TraceError("; ".join([str(exc)] + (fr.notes[:2] if fr is not None else []))) from None
+        files = [f for f in find_trace_files(paths) if os.path.abspath(f) not in sources]
+    except TraceError:
+        if not dumps:
+            raise
         files = []
+    fr = None
+    notes: list[str] = []
+    if dumps and (run_id == frmodel.RUN_ID or not files):
+        fr = frmodel.prepare(paths, jobs, found=dumps)
+        if fr is None or not (fr.files or fr.traces):
+            raise TraceError(f"no ddpdoctor trace or usable Flight Recorder dump in {', '.join(paths)}"
+                             + ("; " + "; ".join(fr.notes[:2]) if fr is not None and fr.notes else ""))
+        files = [] if run_id == frmodel.RUN_ID else files
+        notes.extend(fr.notes)
+    elif dumps:  # ddpdoctor traces say more than FR dumps of the same job: they win
+        notes.append(f"{len(dumps)} Flight Recorder dump(s) next to the ddpdoctor traces: reporting the "
+                     f"traces (the dumps with --run {frmodel.RUN_ID})")
     files += fr.files if fr is not None else []
     traces = _read_all(files, jobs) + (fr.traces if fr is not None else [])
-    notes: list[str] = list(fr.notes) if fr is not None else []
     if fr is not None:
         fr.annotate(traces)
     for rt in traces:
@@ -104,13 +119,6 @@ def load_run(paths: list[str], run_id: str | None = None, jobs: int | None = Non
     if not traces:
         raise TraceError(f"no readable ddpdoctor trace among {len(files)} file(s): " + "; ".join(notes[:2]))
     runs = Counter(rt.run for rt in traces)
-    if run_id is None and len(runs) > 1 and frmodel.RUN_ID in runs:
-        # ddpdoctor traces say more than FR dumps of the same job: they win unless --run fr
-        runs.pop(frmodel.RUN_ID)
-        traces = [rt for rt in traces if rt.run != frmodel.RUN_ID]
-        notes = [n for n in notes if fr is None or n not in fr.notes]
-        notes.append("ddpdoctor traces and Flight Recorder dumps in the input: reporting the traces "
-                     f"(the dumps with --run {frmodel.RUN_ID})")
     if run_id is None:
         if len(runs) > 1:
             # The newest run (by start time) wins; the others are named so they can be chosen.

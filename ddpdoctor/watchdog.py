@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from . import hangdiag
+from . import frcapture, hangdiag
 from .tracefile import hostname
 
 #: A pending call is written to the trace once it has waited this long, so that a rank killed
@@ -185,6 +185,8 @@ class Watchdog(threading.Thread):
                               "site": info[3], "ts": info[4], "waited_s": round(waited, 3)})
             if oldest is None or info[4] < oldest[4]:
                 oldest = info
+        if oldest is not None and (now - oldest[4]) / 1e6 >= self.timeout / 2:
+            frcapture.warm()  # a possible hang: make the Flight Recorder dump at the hang quick
         st = self.store()
         if st is not None:
             try:
@@ -232,6 +234,7 @@ class Watchdog(threading.Thread):
             st.set(self._key(f"status/{ep}/{rec.rank}"), json.dumps(status, default=str))
             if not (self.reporting and self.reporting["ep"] == ep):
                 rec.emit({"t": "hang", "role": "member", "ep": ep, "status": status, "ts": now})
+            frcapture.dump_async(rec.settings.out, rec.rank)  # PyTorch's own record of its calls
         # 2. The kill flag: end this rank (the launcher ends the rest of the node's tree).
         if st.check([self._key("kill")]):
             self._die()
@@ -296,6 +299,7 @@ class Watchdog(threading.Thread):
         world = rec.world or 1
         status = self._status(now)
         st.set(self._key(f"status/{ep}/{rec.rank}"), json.dumps(status, default=str))
+        frcapture.dump_async(rec.settings.out, rec.rank)
         # Announce: bump the episode counter the others watch to the claimed number.
         cur = st.add(self._key("epcount"), 0)
         if cur < ep:

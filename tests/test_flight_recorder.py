@@ -258,3 +258,32 @@ def test_trace_built_while_converting_equals_reading_the_file(dumps, tmp_path):
     assert direct.p2p["0:0>1"][0] == 1 and [e["op"] for e in direct.tail] == ["all_reduce", "send",
                                                                                "all_gather_into_tensor"]
     assert direct.tail[-1]["pending"] == 1 and direct.world == 2 and direct.header["backend"] == "nccl"
+
+
+def test_traced_hang_also_leaves_each_ranks_flight_recorder_dump(tmp_path):
+    """Under ``ddpdoctor trace``, the watchdog writes each rank's FR buffer at a hang: the
+    report names the dumps, and ``--run fr`` reads them. The job (``--on-hang report``: it keeps
+    waiting) is ended once both dumps are there."""
+    from conftest import torchrun
+
+    cases = ROOT / "tests" / "hang_programs" / "cases.py"
+    out = tmp_path / "t"
+    env = dict(os.environ, EXAMPLE_PG_TIMEOUT="60", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([PY, "-m", "ddpdoctor", "trace", "--out", str(out), "--hang-timeout", "3",
+                             "--no-report", "--", *torchrun(cases, "divergent", nproc=2)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=str(ROOT))
+    want = ["fr_trace_rank_00000", "fr_trace_rank_00001"]
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and sorted(p.name for p in out.glob("fr_trace_rank_*")) != want:
+            time.sleep(0.2)
+    finally:
+        kill_tree(proc.pid)
+        proc.wait(10)
+    assert sorted(p.name for p in out.glob("fr_trace_rank_*")) == want
+    doc, _ = report_json(out)
+    assert doc["run"]["id"] != "fr" and any("--run fr" in n for n in doc["run"]["notes"])
+    assert any(f["category"] == "hang" and f["ranks"] == [0] for f in doc["findings"])
+    doc, _ = report_json(out, "--run", "fr")
+    f = only(doc, "divergent-collectives")
+    assert f["ranks"] == [0] and any(loc["source"].startswith("dist.all_reduce(x)") for loc in f["locations"])
