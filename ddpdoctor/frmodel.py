@@ -34,11 +34,13 @@ from dataclasses import dataclass, field
 from operator import itemgetter, methodcaller
 
 from . import frdump, sourceinfo
-from .load import BARRIER_OPS, BLOCK, TAIL, GroupStream, RankTrace, signature
+from .load import BARRIER_OPS, BLOCK, GroupStream, RankTrace, signature
 from .tracefile import PREFIX, SUFFIX
 
 #: Run id given to the ranks read from Flight Recorder dumps.
 RUN_ID = "fr"
+#: Last events kept per rank (load.TAIL for ddpdoctor traces): per-rank memory at 1,000s of ranks.
+FR_TAIL = 4
 #: Convert in worker processes from this many dumps on.
 PARALLEL_FROM = 16
 #: c10 scalar type names (FR's dtypes) -> torch dtype names (ddpdoctor's ``x``).
@@ -266,7 +268,7 @@ def convert(job: tuple[str, str, str]) -> dict:
     body: list[str] = []
     rt = RankTrace(path=out)
     streams, waits, op_sites, last_op = rt.groups, rt.waits, rt.op_sites, rt.last_op
-    tail_lines: deque = deque(maxlen=TAIL)
+    tail_lines: deque = deque(maxlen=FR_TAIL)
     rel = 0  # byte offset of the next line in the body
     crc = zlib.crc32
     # Entries of one shape (group, op, sizes, dtypes) share their encoded middle part.
@@ -424,7 +426,7 @@ def convert(job: tuple[str, str, str]) -> dict:
         rt.rare.append(json.loads(_dumps(r)))
         rt.header.setdefault("_groups", {})[r["g"]] = r["ranks"]
     rt.sites = {r["id"]: json.loads(_dumps(r)) for r in sites.records}
-    rt.tail.extend(json.loads(x) for x in tail_lines)
+    rt.tail = deque((json.loads(x) for x in tail_lines), maxlen=FR_TAIL)
     summary["trace"] = rt
     if gaps:
         summary["notes"].append(f"{os.path.basename(src)} (rank {rank}): entries missing inside the "
@@ -532,9 +534,13 @@ def prepare(paths: list[str], jobs: int | None = None, found: list | None = None
         fr.sources.update(s["src"] for s in summaries)
         return fr if fr.notes else None
     _window(fr, by_rank)
+    shared: dict[str, dict] = {}
     for _r, s in sorted(by_rank.items()):
         if s.get("trace") is not None:
-            fr.traces.append(s.pop("trace"))
+            rt = s.pop("trace")
+            # ranks share their call sites: one copy of each for the whole run
+            rt.sites = {sid: shared.setdefault(json.dumps(rec, sort_keys=True), rec) for sid, rec in rt.sites.items()}
+            fr.traces.append(rt)
         else:
             fr.files.append(s["out"])
         fr.by_out[s["out"]] = s
