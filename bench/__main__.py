@@ -18,10 +18,10 @@ import time
 
 from tabulate import tabulate
 
-from . import hang, lint_speed, overhead, scale
+from . import fr_scale, hang, lint_speed, overhead, scale
 from .common import BENCH, Row, loadavg, machine
 
-FIGURES = {"1": "overhead", "2": "train", "3": "hang", "4": "report", "5": "size", "6": "lint"}
+FIGURES = {"1": "overhead", "2": "train", "3": "hang", "4": "report", "5": "size", "6": "lint", "7": "fr"}
 NAMES = set(FIGURES.values())
 
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="reduced counts and repetitions")
-    ap.add_argument("--only", help="comma-separated subset: overhead, train, hang, report, size, lint (or 1-6)")
+    ap.add_argument("--only", help="comma-separated subset: overhead, train, hang, report, size, lint, fr (or 1-7)")
     ap.add_argument("--reps", type=int, default=None, help="repetitions of the overhead runs (default 3; quick 2)")
     ap.add_argument("--hang-reps", type=int, default=None, help="repetitions per hang size (default 2; quick 1)")
     ap.add_argument("--json", default=None, help="where to write the JSON (default bench/results.json, "
@@ -125,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         r, raw["lint"] = lint_speed.run(args.quick, log=log)
         rows += r
         loads += [x["loadavg"] for x in raw["lint"]["runs"]]
+    if "fr" in only:
+        log("[7] Flight Recorder dumps at scale (synthetic, 2000 entries per rank)")
+        r, raw["fr"] = fr_scale.run(args.quick, log=log)
+        rows += r
+        loads += [x["loadavg"] for x in raw["fr"]["results"]]
     loads.append(loadavg())
     duration = time.monotonic() - t0
     rows.sort(key=lambda x: x.figure)

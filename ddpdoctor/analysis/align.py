@@ -8,9 +8,13 @@ event by event, so memory stays bounded whatever the length of the run.
 
 from __future__ import annotations
 
+import json
+import sys
+from array import array
 from dataclasses import dataclass, field
 
 from ..trace.records import InFlight
+from . import frmodel
 from .load import BLOCK, RankTrace, read_group_events, signature
 from .run import Run
 
@@ -39,22 +43,77 @@ def _pending_event(rt: RankTrace, group: str, seq: int) -> dict | None:
     return None
 
 
-def _block_events(run: Run, members: list[int], group: str, b: int) -> dict[int, list[dict]]:
-    out: dict[int, list[dict]] = {}
+class _Block:
+    """One rank's events of one group in one block: op and signature of each (interned) and its
+    byte offset; an event is decoded again only when asked for (``blk[i]``), so comparing a block
+    across 1,000 ranks holds a few bytes per event instead of every event's dict."""
+
+    __slots__ = ("path", "offsets", "ops", "sigs")
+
+    def __init__(self, path: str, group: str, offset: int, limit: int) -> None:
+        self.path = path
+        self.offsets = array("q")
+        self.ops: list[str] = []
+        self.sigs: list[str] = []
+        try:
+            f = open(path, "rb")
+        except OSError:
+            return
+        with f:
+            f.seek(offset)
+            pos = offset
+            for raw in f:
+                start = pos
+                pos += len(raw)
+                if not raw.endswith(b"\n"):
+                    break
+                if b'"c"' not in raw:
+                    continue
+                try:
+                    rec = json.loads(raw)
+                except ValueError:
+                    continue
+                if not isinstance(rec, dict) or rec.get("t") != "c" or rec.get("g", "0") != group:
+                    continue
+                op = str(rec.get("op"))
+                self.offsets.append(start)
+                self.ops.append(sys.intern(op))
+                self.sigs.append(sys.intern(op + "|" + signature(rec)))
+                if len(self.ops) >= limit:
+                    break
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __getitem__(self, i: int) -> dict:
+        with open(self.path, "rb") as f:
+            f.seek(self.offsets[i])
+            return json.loads(f.readline())
+
+
+def _block_events(run: Run, members: list[int], group: str, b: int) -> dict[int, _Block]:
+    out: dict[int, _Block] = {}
     for r in members:
         rt = run.ranks[r]
         gs = rt.groups.get(group)
         if gs is None or b >= len(gs.blocks):
-            out[r] = []
+            out[r] = _Block(rt.path, group, 0, 0)
             continue
-        out[r] = read_group_events(rt.path, group, gs.blocks[b][2], BLOCK)
+        out[r] = _Block(rt.path, group, gs.blocks[b][2], BLOCK)
     return out
 
 
-def _event_at(run: Run, r: int, evs: list[dict], i: int, group: str, seq: int) -> dict | None:
+def _event_at(run: Run, r: int, evs, i: int, group: str, seq: int) -> dict | None:
     if i < len(evs):
         return evs[i]
     return _pending_event(run.ranks[r], group, seq)
+
+
+def _op_at(run: Run, r: int, evs: _Block, i: int, group: str, seq: int) -> str | None:
+    if i < len(evs):
+        return evs.ops[i]
+    pending = _pending_event(run.ranks[r], group, seq)
+    return None if pending is None else pending.get("op")
 
 
 def first_divergence(run: Run, group: str) -> Point | None:
@@ -62,6 +121,15 @@ def first_divergence(run: Run, group: str) -> Point | None:
     members = [r for r in run.group_members(group) if r in run.ranks]
     if len(members) < 2:
         return None
+    p = _first_divergence(run, group, members)
+    base = frmodel.base(run, group)  # FR ring buffers: positions start after the lost entries
+    if p is not None and base:
+        p.seq += base
+        p.counts = {r: c + base for r, c in p.counts.items()}
+    return p
+
+
+def _first_divergence(run: Run, group: str, members: list[int]) -> Point | None:
     counts = {r: (run.ranks[r].groups[group].count if group in run.ranks[r].groups else 0)
               for r in members}
     nblocks = max((len(run.ranks[r].groups[group].blocks) if group in run.ranks[r].groups else 0)
@@ -78,10 +146,15 @@ def first_divergence(run: Run, group: str) -> Point | None:
         evs = _block_events(run, members, group, b)
         for i in range(BLOCK):
             seq = b * BLOCK + i + 1
-            at = {r: _event_at(run, r, evs[r], i, group, seq) for r in members}
-            ops = {(e or {}).get("op") for e in at.values()}
-            if all(e is None for e in at.values()):
-                break
+            if all(i >= len(evs[r]) for r in members):
+                at = {r: _event_at(run, r, evs[r], i, group, seq) for r in members}
+                ops = {(e or {}).get("op") for e in at.values()}
+                if all(e is None for e in at.values()):
+                    break
+            else:  # compare the kept ops; decode the events only where they differ
+                ops = {_op_at(run, r, evs[r], i, group, seq) for r in members}
+                if len(ops) > 1:
+                    at = {r: _event_at(run, r, evs[r], i, group, seq) for r in members}
             if len(ops) > 1:
                 return Point(group, seq, at, counts)
         # Digests differed but no event did: a pending tail on a shorter rank; fall through.
@@ -98,6 +171,16 @@ def mismatches(run: Run, group: str, until_seq: int | None, limit: int = 5) -> l
     members = [r for r in run.group_members(group) if r in run.ranks]
     if len(members) < 2:
         return []
+    base = frmodel.base(run, group)
+    if base:  # FR ring buffers: positions start after the lost entries
+        found = _mismatches(run, group, members, None if until_seq is None else until_seq - base, limit)
+        for p in found:
+            p.seq += base
+        return found
+    return _mismatches(run, group, members, until_seq, limit)
+
+
+def _mismatches(run: Run, group: str, members: list[int], until_seq: int | None, limit: int) -> list[Point]:
     found: list[Point] = []
     nblocks = min((len(run.ranks[r].groups[group].blocks) if group in run.ranks[r].groups else 0)
                   for r in members)
@@ -114,11 +197,10 @@ def mismatches(run: Run, group: str, until_seq: int | None, limit: int = 5) -> l
             seq = b * BLOCK + i + 1
             if until_seq is not None and seq >= until_seq:
                 break
-            at = {r: evs[r][i] for r in members}
-            if len({e.get("op") for e in at.values()}) > 1:
+            if len({evs[r].ops[i] for r in members}) > 1:
                 break
-            if len({signature(e) for e in at.values()}) > 1:
-                found.append(Point(group, seq, at))
+            if len({evs[r].sigs[i] for r in members}) > 1:
+                found.append(Point(group, seq, {r: evs[r][i] for r in members}))
                 if len(found) >= limit:
                     return found
         del ops

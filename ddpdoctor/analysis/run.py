@@ -84,9 +84,35 @@ def _read_all(files: list[str], jobs: int | None) -> list[RankTrace]:
 
 
 def load_run(paths: list[str], run_id: str | None = None, jobs: int | None = None) -> Run:
-    files = find_trace_files(paths)
-    traces = _read_all(files, jobs)
+    from . import frmodel
+
+    for p in paths:
+        if not os.path.exists(p):
+            raise TraceError(f"no such file or folder: {p}")
+    dumps = frmodel.find_dumps(paths)  # Flight Recorder dumps among the inputs (by content)
+    sources = {src for src, _kind in dumps}
+    try:
+        files = [f for f in find_trace_files(paths) if os.path.abspath(f) not in sources]
+    except TraceError:
+        if not dumps:
+            raise
+        files = []
+    fr = None
     notes: list[str] = []
+    if dumps and (run_id == frmodel.RUN_ID or not files):
+        fr = frmodel.prepare(paths, jobs, found=dumps)
+        if fr is None or not (fr.files or fr.traces):
+            raise TraceError(f"no ddpdoctor trace or usable Flight Recorder dump in {', '.join(paths)}"
+                             + ("; " + "; ".join(fr.notes[:2]) if fr is not None and fr.notes else ""))
+        files = [] if run_id == frmodel.RUN_ID else files
+        notes.extend(fr.notes)
+    elif dumps:  # ddpdoctor traces say more than FR dumps of the same job: they win
+        notes.append(f"{len(dumps)} Flight Recorder dump(s) next to the ddpdoctor traces: reporting the "
+                     f"traces (the dumps with --run {frmodel.RUN_ID})")
+    files += fr.files if fr is not None else []
+    traces = _read_all(files, jobs) + (fr.traces if fr is not None else [])
+    if fr is not None:
+        fr.annotate(traces)
     for rt in traces:
         notes.extend(rt.problems)
     traces = [rt for rt in traces if rt.header and _header_ok(rt, notes)]
@@ -122,6 +148,7 @@ def load_run(paths: list[str], run_id: str | None = None, jobs: int | None = Non
     if run.missing:
         from ..trace.ranges import fmt_ranks
 
-        notes.append(f"no trace for rank(s) {fmt_ranks(run.missing)} of {world}: "
+        what = "Flight Recorder dump" if run_id == frmodel.RUN_ID else "trace"
+        notes.append(f"no {what} for rank(s) {fmt_ranks(run.missing)} of {world}: "
                      "the report covers the ranks found")
     return run

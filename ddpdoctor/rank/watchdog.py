@@ -32,6 +32,7 @@ from ..trace import records
 from ..trace.files import KILL_MARKER, hostname, stacks_path
 from ..trace.records import InFlight
 from ..verdict import hang as hangdiag
+from . import frcapture
 
 #: A pending call is written to the trace once it has waited this long, so that a rank killed
 #: later (SIGKILL cannot be caught) still shows where it was.
@@ -185,6 +186,8 @@ class Watchdog(threading.Thread):
                               "site": info[3], "ts": info[4], "waited_s": round(waited, 3)})
             if oldest is None or info[4] < oldest[4]:
                 oldest = info
+        if oldest is not None and (now - oldest[4]) / 1e6 >= self.timeout / 2:
+            frcapture.warm()  # a possible hang: make the Flight Recorder dump at the hang quick
         st = self.store()
         if st is not None:
             try:
@@ -232,6 +235,7 @@ class Watchdog(threading.Thread):
             st.set(self._key(f"status/{ep}/{rec.rank}"), json.dumps(status, default=str))
             if not (self.reporting and self.reporting["ep"] == ep):
                 rec.emit({"t": "hang", "role": "member", "ep": ep, "status": status, "ts": now})
+            frcapture.dump_async(rec.settings.out, rec.rank)  # PyTorch's own record of its calls
         # 2. The kill flag: end this rank (the launcher ends the rest of the node's tree).
         if st.check([self._key("kill")]):
             self._die()
@@ -296,6 +300,7 @@ class Watchdog(threading.Thread):
         world = rec.world or 1
         status = self._status(now)
         st.set(self._key(f"status/{ep}/{rec.rank}"), json.dumps(status, default=str))
+        frcapture.dump_async(rec.settings.out, rec.rank)
         # Announce: bump the episode counter the others watch to the claimed number.
         cur = st.add(self._key("epcount"), 0)
         if cur < ep:

@@ -31,6 +31,9 @@ def _short(text: str, limit: int = 70) -> str:
 
 def _exit_status(rt) -> str:
     ex = rt.exit_record()
+    fr = rt.header.get("fr")
+    if ex is None and isinstance(fr, dict):  # a Flight Recorder dump: a snapshot, no ending
+        return f"FR dump, {fr.get('incomplete', 0)} call(s) unfinished"
     if ex is None:
         return "no exit record (killed?)" + (", trace truncated" if rt.truncated else "")
     how = str(ex.get("how", "?"))

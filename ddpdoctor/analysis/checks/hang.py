@@ -60,6 +60,9 @@ class Hang(Check):
             findings.append(self._finding(ctx, ep, diag, resolved.get(ep)))
         for _r, rec in local:
             findings.append(self._finding(ctx, 0, rec["diag"], None))
+        from .. import frhang
+
+        findings.extend(frhang.findings(self, ctx))  # Flight Recorder input: no watchdog records
         return findings
 
     def _finding(self, ctx: Context, ep: int, diag: dict, resolved_after: float | None):
