@@ -18,7 +18,11 @@ EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
 
 def _fail(msg: str) -> None:
-    click.echo(f"ddpdoctor: error: {msg}", err=True)
+    from .safetext import for_terminal
+
+    # One line, whatever the message quotes from a trace.
+    msg = " ".join(str(msg).split())
+    click.echo(for_terminal(f"ddpdoctor: error: {msg[:2000]}"), err=True)
     sys.exit(EXIT_USAGE)
 
 
@@ -59,9 +63,13 @@ def _print_report(paths, fmt, output, verbose, select, ignore, fail_on, run_id) 
             raise
         _fail(f"internal error while reporting ({type(exc).__name__}: {exc}); "
               f"set {settings.ENV_DEBUG}=1 for the traceback")
+    from .safetext import for_terminal, valid_unicode
+
+    # Trace text is untrusted: no terminal control sequences, nothing that cannot be encoded.
+    text = for_terminal(text) if fmt == "text" else valid_unicode(text)
     if fmt != "text" or output:
         for n in run.notes + notes:  # the text report shows them; keep machine output pure
-            click.echo(f"ddpdoctor: note: {n}", err=True)
+            click.echo(for_terminal(f"ddpdoctor: note: {n}"), err=True)
     if output:
         try:
             with open(output, "w", encoding="utf-8") as f:
@@ -123,11 +131,15 @@ def trace(out, hang_timeout, on_hang, do_report, fmt, command):
         _fail(f"command not found or not executable: {command[0]}")
     out = out or launcher.default_out_dir()
     click.echo(f"ddpdoctor: tracing into {out}", err=True)
+    faults: list = []
     try:
-        status, killed = launcher.run(command, out, hang_timeout, on_hang)
+        status, killed = launcher.run(command, out, hang_timeout, on_hang, faults=faults)
     except launcher.LaunchError as exc:
         _fail(str(exc))
-    if do_report:
+    gone = _output_gone(out, faults)
+    if gone:
+        click.echo(f"ddpdoctor: warning: {gone}", err=True)
+    elif do_report:
         click.echo("", err=True)
         has_files = any(n.startswith("rank") for n in os.listdir(out)) if os.path.isdir(out) else False
         if has_files:
@@ -147,6 +159,26 @@ def trace(out, hang_timeout, on_hang, do_report, fmt, command):
     sys.exit(status)
 
 
+def _output_gone(out: str, faults: list) -> str | None:
+    """Why nothing of the run can be reported (the folder vanished, was never writable, or no
+    rank could create its trace), or None. Said instead of "no rank traced", which would be
+    false."""
+    if any(f.get("stage") == "folder" for f in faults):
+        return f"nothing was traced: the trace folder {out} was not writable"
+    if not os.path.isdir(out):
+        return (f"the trace folder {out} was removed or replaced during the run; no trace was kept "
+                f"(the command's own output and exit status are unaffected)")
+    has_files = any(n.startswith("rank") and n.endswith(".jsonl") for n in os.listdir(out))
+    created = [f for f in faults if f.get("stage") == "create"]
+    if created and not has_files:
+        from .ranges import fmt_ranks
+
+        ranks = fmt_ranks(sorted({f.get("rank") for f in created if isinstance(f.get("rank"), int)}))
+        return (f"no trace was kept: rank(s) {ranks} could not create their trace in {out} "
+                f"({created[0].get('why')})")
+    return None
+
+
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default="ddpdoctor-timeline.json",
@@ -162,6 +194,13 @@ def timeline(paths, output, ranks, window):
         n = tl.write(list(paths), output, ranks=ranks, window=window)
     except (TraceError, ValueError) as exc:
         _fail(str(exc))
+    except OSError as exc:
+        _fail(f"cannot write {output}: {exc.strerror or exc}")
+    except Exception as exc:  # never a traceback; DDPDOCTOR_DEBUG=1 shows it
+        if os.environ.get(settings.ENV_DEBUG):
+            raise
+        _fail(f"internal error while writing the timeline ({type(exc).__name__}: {exc}); "
+              f"set {settings.ENV_DEBUG}=1 for the traceback")
     click.echo(f"ddpdoctor: {n} events written to {output} (open in https://ui.perfetto.dev)", err=True)
 
 
