@@ -73,7 +73,9 @@ def install(rec) -> None:
         exc = sys.exc_info()[1]
         if exc is not None:
             record_exception(rec, exc)
-        if not getattr(rec, "_exit_recorded", False) and rec.writer is not None:
+        # After an output fault (outfault) the exit record still goes to the in-flight slot.
+        if not getattr(rec, "_exit_recorded", False) and (
+                rec.writer is not None or getattr(rec, "output_fault", None) is not None):
             rec._exit_recorded = True
             try:
                 rec.emit({"t": "exit", "how": "normal", "ts": rec.now_us(), "events": rec.events,
@@ -114,7 +116,9 @@ def _install_signal_dumps(rec) -> None:
         return
     path = rec.writer.path[: -len(".jsonl")] + ".stacks.txt"
     try:
-        rec._stacks_file = open(path, "a")  # noqa: SIM115 - must stay open for faulthandler
+        from .outfault import open_private
+
+        rec._stacks_file = open_private(path, append=True)  # stays open for faulthandler
         for sig in (signal.SIGTERM, signal.SIGUSR2):
             if sig == signal.SIGTERM and signal.getsignal(sig) not in (signal.SIG_DFL, None):
                 continue  # the program handles SIGTERM itself: leave it alone

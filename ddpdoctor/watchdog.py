@@ -175,6 +175,9 @@ class Watchdog(threading.Thread):
         self._cpu = (now_m, cpu)
         now = rec.now_us()
         oldest = None
+        from .staleinflight import drop_stale
+
+        drop_stale(rec)  # a backward that raised leaves its entry behind
         for info in list(rec.inflight.values()):
             waited = (now - info[4]) / 1e6
             if waited >= PENDING_RECORD_AFTER_S:
@@ -404,7 +407,9 @@ class Watchdog(threading.Thread):
         if not out:
             return
         try:
-            with open(os.path.join(out, name), "a" if append else "w") as f:
+            from .outfault import open_private
+
+            with open_private(os.path.join(out, name), append) as f:
                 f.write(text)
         except OSError:
             pass
