@@ -9,7 +9,17 @@ sequence, untraced and traced side by side; each case is one cell of the matrix.
 from __future__ import annotations
 
 import pytest
-from faultkit import PROGRAMS, PY, free_port, left_running, marker, no_internal_error, pair, report_json, traced
+from faultkit import (
+    PROGRAMS,
+    PY,
+    free_port,
+    left_running,
+    marker,
+    no_internal_error,
+    pair,
+    report_json,
+    traced,
+)
 
 PERF = pytest.mark.xfail(reason="fixed on the perf branch", strict=False)
 
