@@ -145,3 +145,59 @@ def ddpdoctor_lines(stderr: str) -> list[str]:
 def no_internal_error(res: Result) -> None:
     assert "internal error" not in res.stderr, res
     assert "Traceback" not in "\n".join(ddpdoctor_lines(res.stderr)), res
+
+
+class Live:
+    """A run whose output is watched while it runs (to act at a given point: send a signal,
+    remove the trace folder)."""
+
+    def __init__(self, cmd: list[str], env: dict | None = None) -> None:
+        import threading
+
+        self.cmd = cmd
+        self.t0 = time.monotonic()
+        self.proc = start(cmd, env)
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._cond = threading.Condition()
+        self._readers = [threading.Thread(target=self._read, args=(self.proc.stdout, self.out), daemon=True),
+                         threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True)]
+        for t in self._readers:
+            t.start()
+
+    def _read(self, stream, sink: list[str]) -> None:
+        for line in stream:
+            with self._cond:
+                sink.append(line)
+                self._cond.notify_all()
+
+    def wait_for(self, text: str, timeout: float = 60) -> bool:
+        """Until a stdout line contains ``text`` (False on timeout or when the run ended)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not any(text in line for line in self.out):
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self._readers[0].is_alive()):
+                    return False
+                self._cond.wait(min(left, 0.2))
+        return True
+
+    def pid_of(self, tag: str) -> int:
+        """The pid a program printed as ``P <tag> pid N``."""
+        for line in self.out:
+            if line.startswith(f"P {tag} pid "):
+                return int(line.split()[-1])
+        raise LookupError(tag)
+
+    def finish(self, timeout: float = RUN_TIMEOUT) -> Result:
+        try:
+            self.proc.wait(timeout=timeout)
+            rc = self.proc.returncode
+        except subprocess.TimeoutExpired:
+            from ddpdoctor.launcher import kill_tree
+
+            kill_tree(self.proc.pid, grace=1.0)
+            rc = "timeout"
+        for t in self._readers:
+            t.join(timeout=10)
+        return Result(self.cmd, rc, "".join(self.out), "".join(self.err), time.monotonic() - self.t0)
