@@ -138,7 +138,11 @@ def trace(out, hang_timeout, on_hang, do_report, fmt, command):
         _fail(str(exc))
     gone = _output_gone(out, faults)
     if gone:
-        click.echo(f"ddpdoctor: warning: {gone}", err=True)
+        # one warning a run: when the launcher already printed what happened, this line only
+        # says what it left
+        click.echo(f"ddpdoctor: {'' if faults else 'warning: '}{gone}", err=True)
+    elif any(f.get("stage") == "folder" for f in faults):
+        pass  # nothing was traced, as the launcher's warning said
     elif do_report:
         click.echo("", err=True)
         has_files = any(n.startswith("rank") for n in os.listdir(out)) if os.path.isdir(out) else False
@@ -151,12 +155,23 @@ def trace(out, hang_timeout, on_hang, do_report, fmt, command):
                 click.echo(f"ddpdoctor: error: the report failed ({type(exc).__name__}: {exc}); "
                            f"the traces are in {out}", err=True)
         else:
-            click.echo("ddpdoctor: no rank traced (the command never initialised a process group)",
-                       err=True)
+            click.echo(f"ddpdoctor: no rank traced: {_why_untraced(command)}", err=True)
     if killed:
         click.echo(f"ddpdoctor: the job was ended after a hang (exit {launcher.EXIT_HANG})", err=True)
         sys.exit(launcher.EXIT_HANG)
     sys.exit(status)
+
+
+def _why_untraced(command: list[str]) -> str:
+    """Why a run left no trace: ddpdoctor reaches Python processes through PYTHONPATH and
+    sitecustomize, which python -I, -E and -S ignore."""
+    for arg in command[1:]:
+        if not arg.startswith("-") or arg.startswith("--"):
+            break  # the script or module: the interpreter's own options are over
+        if any(flag in arg[1:] for flag in "IES") and arg[1:].isalpha():
+            return (f"the command runs Python with {arg}, which ignores PYTHONPATH or site "
+                    f"customisation, so ddpdoctor was not loaded; the run was not traced")
+    return "the command never initialised a process group (or its Python processes ignore PYTHONPATH)"
 
 
 def _output_gone(out: str, faults: list) -> str | None:
@@ -164,18 +179,23 @@ def _output_gone(out: str, faults: list) -> str | None:
     rank could create its trace), or None. Said instead of "no rank traced", which would be
     false."""
     if any(f.get("stage") == "folder" for f in faults):
-        return f"nothing was traced: the trace folder {out} was not writable"
+        return None
     if not os.path.isdir(out):
         return (f"the trace folder {out} was removed or replaced during the run; no trace was kept "
                 f"(the command's own output and exit status are unaffected)")
-    has_files = any(n.startswith("rank") and n.endswith(".jsonl") for n in os.listdir(out))
-    created = [f for f in faults if f.get("stage") == "create"]
-    if created and not has_files:
+    def kept(name: str) -> bool:
+        try:
+            return os.path.getsize(os.path.join(out, name)) > 0
+        except OSError:
+            return False
+
+    has_files = any(n.startswith("rank") and n.endswith(".jsonl") and kept(n) for n in os.listdir(out))
+    if faults and not has_files:
         from .ranges import fmt_ranks
 
-        ranks = fmt_ranks(sorted({f.get("rank") for f in created if isinstance(f.get("rank"), int)}))
-        return (f"no trace was kept: rank(s) {ranks} could not create their trace in {out} "
-                f"({created[0].get('why')})")
+        ranks = fmt_ranks(sorted({f.get("rank") for f in faults if isinstance(f.get("rank"), int)}))
+        return (f"no trace was kept: rank(s) {ranks} could not write their trace in {out} "
+                f"({faults[0].get('why')}); the command's own output and exit status are unaffected")
     return None
 
 

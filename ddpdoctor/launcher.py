@@ -86,7 +86,7 @@ def prepare_out(out: str) -> str | None:
     """Create the trace folder. Raises LaunchError when it cannot be created (the user must
     fix the path); returns why it is not writable (the command then runs untraced), or None."""
     try:
-        os.makedirs(out, exist_ok=True)
+        os.makedirs(out, mode=0o755, exist_ok=True)  # never world-writable, whatever the umask
     except OSError as exc:
         raise LaunchError(f"cannot create the trace folder {out}: {exc.strerror or exc}") from None
     probe = os.path.join(out, f".ddpdoctor-probe-{os.getpid()}")

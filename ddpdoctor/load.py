@@ -517,7 +517,7 @@ def read_rank(path: str) -> RankTrace:
     if rt.output_fault is not None:
         rt.problems.append(f"{os.path.basename(path)}: the trace stops early: it could not be "
                            f"written ({rt.output_fault.get('why')}); the rank ran on untraced, "
-                           f"{rt.output_fault.get('events')} call(s) kept")
+                           f"its first {rt.events} call(s) are kept")
     elif rt.truncated:
         rt.problems.append(f"{os.path.basename(path)}: last line truncated (the rank was killed "
                            "while writing); read up to it")

@@ -49,7 +49,7 @@ def failed(rec, exc: BaseException, stage: str) -> None:
     with _lock:
         if getattr(rec, "output_fault", None) is not None:
             return
-        kept = "nothing" if stage == "create" else f"the {rec.events} call(s) recorded before"
+        kept = "nothing" if stage == "create" else "its trace up to then"
         info = {"t": "stopped", "why": describe(exc), "errno": getattr(exc, "errno", None),
                 "stage": stage, "rank": rec.rank, "pid": os.getpid(), "out": rec.settings.out,
                 "events": rec.events, "ts": rec.now_us(), "kept": kept}
@@ -78,7 +78,7 @@ def message(info: dict, ranks: str | None = None) -> str:
     who = f"rank {info.get('rank')}" if ranks is None else f"rank(s) {ranks}"
     verb = "could not create its trace" if info.get("stage") == "create" else "could not write its trace"
     return (f"{who} {verb} in {info.get('out')} ({info.get('why')}); the program runs on untraced "
-            f"from there, {info.get('kept')} kept")
+            f"from there ({info.get('kept')} kept)")
 
 
 def keep_exit(rec, line: str) -> None:

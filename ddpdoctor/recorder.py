@@ -94,7 +94,7 @@ class Recorder:
         self.rank, self.world = rank, world
         out = self.settings.out
         try:
-            os.makedirs(out, exist_ok=True)
+            os.makedirs(out, mode=0o755, exist_ok=True)
             attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
             host = hostname()
             path = os.path.join(out, trace_file_name(rank, host, os.getpid(), attempt))

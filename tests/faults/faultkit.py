@@ -44,8 +44,10 @@ def torchrun(script: str, *args: str, nproc: int = 2, extra: tuple = ()) -> list
             "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(PROGRAMS / script), *args]
 
 
-def traced(command: list[str], out: Path | str, *options: str) -> list[str]:
-    return [PY, "-m", "ddpdoctor", "trace", "--out", str(out), "--no-report", *options, "--", *command]
+def traced(command: list[str], out: Path | str, *options: str, report: bool = False) -> list[str]:
+    """``ddpdoctor trace``; the report (on stdout) only when asked: stdout is compared."""
+    rep = () if report else ("--no-report",)
+    return [PY, "-m", "ddpdoctor", "trace", "--out", str(out), *rep, *options, "--", *command]
 
 
 def base_env(**extra: str) -> dict:
