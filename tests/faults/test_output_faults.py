@@ -15,7 +15,7 @@ import subprocess
 import uuid
 
 import pytest
-from faultkit import Live, PY, ROOT, base_env, ddpdoctor_lines, left_running, marker, run, torchrun, traced
+from faultkit import PY, ROOT, Live, base_env, ddpdoctor_lines, left_running, marker, run, torchrun, traced
 
 STEPS = ("--steps", "30")
 
