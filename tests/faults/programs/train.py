@@ -66,14 +66,18 @@ def main():
             return orig(tensor, *a, **kw)
 
         dist.all_reduce = all_reduce
+    if args.fail_first_attempt and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        # Before any rank initialises: gloo in torch 2.13 often fails to connect again after a
+        # restart of ranks that had (its stale store keys), with or without ddpdoctor.
+        if os.environ.get("RANK") == "1":
+            raise RuntimeError("first attempt fails on purpose")
+        time.sleep(60)  # the other ranks wait to be stopped by torchrun
     if args.wait_before_init:
         wait_for(args.wait_before_init)
     timeout = float(os.environ.get("FAULT_PG_TIMEOUT", "20"))
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
     rank = dist.get_rank()
     say(f"P rank{rank} pid {os.getpid()}")
-    if args.fail_first_attempt and rank == 1 and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
-        raise RuntimeError("first attempt fails on purpose")
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -109,7 +113,7 @@ def main():
     if args.bwd_error:
         # plain collectives after the caught error, for longer than the hang timeout
         t = torch.ones(1)
-        for _ in range(25):
+        for _ in range(40):
             dist.all_reduce(t)
             time.sleep(0.2)
         say(f"R rank {rank} after error {t.item()}")
