@@ -11,7 +11,18 @@ import os
 import stat
 
 import pytest
-from faultkit import PY, PROGRAMS, base_env, free_port, left_running, marker, pair, report_json, torchrun, traced
+from faultkit import (
+    PROGRAMS,
+    PY,
+    base_env,
+    free_port,
+    left_running,
+    marker,
+    pair,
+    report_json,
+    torchrun,
+    traced,
+)
 
 HELPER = "VALUE = 42\n"
 
