@@ -141,7 +141,10 @@ def run(command: list[str], out: str, hang_timeout: float | None, on_hang: str,
     warned = False
     # Blocked from here on (after the child started, so it inherits no mask) and taken with
     # sigtimedwait, which says who sent each one.
-    signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
+    # Without sigtimedwait (macOS) the handlers pass every signal on.
+    can_wait = hasattr(signal, "sigtimedwait")
+    if can_wait:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
     try:
         while True:
             rc = proc.poll()
@@ -149,7 +152,14 @@ def run(command: list[str], out: str, hang_timeout: float | None, on_hang: str,
                 break
             while received:  # arrived before they were blocked
                 proc.send_signal(received.pop(0))
-            info = signal.sigtimedwait(_FORWARDED, poll)
+            if not can_wait:
+                try:
+                    proc.wait(timeout=poll)
+                except subprocess.TimeoutExpired:
+                    pass
+                info = None
+            else:
+                info = signal.sigtimedwait(_FORWARDED, poll)
             if info is not None and info.si_code != _SI_KERNEL:
                 try:
                     proc.send_signal(info.si_signo)
@@ -172,7 +182,8 @@ def run(command: list[str], out: str, hang_timeout: float | None, on_hang: str,
                 except subprocess.TimeoutExpired:
                     kill_tree(proc.pid)
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
+        if can_wait:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
         for sig, old in handlers.items():
             signal.signal(sig, old)
         if listener is not None:

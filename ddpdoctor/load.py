@@ -463,6 +463,10 @@ def read_rank(path: str) -> RankTrace:
                     if k in pending_waits:
                         rt.waited.add(k)
                 elif t in _UNCAPPED:
+                    if t in _RARE_TYPES:
+                        _conform(rec, _RARE_TYPES[t])
+                        if t == "exit" and "inflight" in rec:
+                            rec["inflight"] = [i for i in rec["inflight"] if isinstance(i, list) and len(i) >= 5]
                     rt.rare.append(rec)
                     if t == "pending" and str(rec.get("op", "")).endswith(".wait"):
                         pending_waits.add((rec.get("g"), rec.get("s")))
@@ -470,6 +474,8 @@ def read_rank(path: str) -> RankTrace:
                     n = rare_counts.get(t, 0)
                     rare_counts[t] = n + 1
                     if n < RARE_CAP:
+                        if t in _RARE_TYPES:
+                            _conform(rec, _RARE_TYPES[t])
                         rt.rare.append(rec)
                     else:
                         rt.dropped[t] = rt.dropped.get(t, 0) + 1
@@ -531,6 +537,13 @@ _STR = (str,)
 _HEADER_TYPES = {"host": _STR, "torch": _STR, "backend": _STR, "python": _STR, "tool": _STR,
                  "argv": (list,), "wall0": _NUM, "pid": (int,), "local_rank": (int,),
                  "pg_timeout_s": _NUM + (type(None),), "hang_timeout_s": _NUM + (type(None),)}
+#: Container fields of rare records that checks iterate: one of another type is dropped.
+_RARE_TYPES = {"exit": {"inflight": (list,), "stack": (list,), "exc": _STR, "how": _STR, "file": _STR,
+                        "line": (int,), "func": _STR, "seq": (dict,)},
+               "pg": {"ranks": (list,), "op": _STR},
+               "file": {"pos": (dict,), "done": (dict,), "path": _STR, "to": _STR, "op": _STR},
+               "hang": {"status": (dict,), "diag": (dict,), "role": _STR},
+               "sampler": {"created": (int, type(None))}}
 _SITE_TYPES = {"file": _STR, "line": (int,), "func": _STR, "src": _STR, "stack": (list,),
                "conds": (list,), "via": _STR}
 

@@ -119,3 +119,18 @@ def test_caught_ddp_backward_error_is_no_hang(tmp_path):
     assert left_running(token) == []
     doc = report_json(out)
     assert not [f for f in doc["findings"] if f["category"] == "hang" and "backward" in str(f).lower()], doc
+
+
+def test_store_host_gone_after_destroy(tmp_path):
+    """After destroy_process_group the store's host (rank 0) leaves while rank 1 lives on: the
+    watchdog must not poll the vanished store (C++ printed "TCPStore recvValue failed")."""
+    token = marker()
+    out = tmp_path / "trace"
+    args = ("--steps", "2", "--linger", token)
+    plain, tr = pair(torchrun("train.py", *args), traced(torchrun("train.py", *args), out, "--hang-timeout", "1"))
+    assert plain.returncode == 0 and "lingered" in plain.stdout, plain
+    assert tr.returncode == 0 and tr.lines() == plain.lines(), f"untraced {plain!r}\ntraced {tr!r}"
+    for word in ("TCPStore", "recvValue", "Connection reset", "Broken pipe"):
+        assert (word in tr.stderr) == (word in plain.stderr), (word, tr)
+    assert left_running(token) == []
+    report_json(out)

@@ -201,7 +201,7 @@ def analyse(folder: Path, tmp: Path) -> None:
         json.loads(tl.read_text(encoding="utf-8"))
 
 
-@settings(max_examples=int(os.environ.get("DDPDOCTOR_FUZZ_EXAMPLES", "400")), deadline=None,
+@settings(max_examples=int(os.environ.get("DDPDOCTOR_FUZZ_EXAMPLES", "300")), deadline=None,
           suppress_health_check=list(HealthCheck), derandomize=False, database=None)
 @given(files=hostile_folder())
 def _fuzz(tmp_root: Path, files: dict) -> None:

@@ -17,7 +17,7 @@ import uuid
 import pytest
 from faultkit import PY, ROOT, Live, base_env, ddpdoctor_lines, left_running, marker, run, torchrun, traced
 
-STEPS = ("--steps", "30")
+STEPS = ("--steps", "12")
 
 
 def _mount(path, size_kb: int, ro: bool = False) -> bool:
@@ -99,7 +99,7 @@ def test_full_filesystem_from_the_start(untraced, tmpfs):
 
 def test_filesystem_fills_up_during_the_run(untraced, tmpfs):
     token = marker()
-    fs = tmpfs(256, free_kb=48)  # the two in-flight slots (32 KB) and a few pages of trace
+    fs = tmpfs(256, free_kb=40)  # the two in-flight slots (32 KB) and a page of trace each
     tr = run(traced(torchrun("train.py", *STEPS, token), fs / "trace", report=True))
     _same_run(untraced, tr, token)
     (warning,) = _warnings(tr)

@@ -12,6 +12,8 @@ printed as ``R`` lines, with switches for the environment cells of the matrix.
     --loader                     persistent DataLoader workers feed the steps
     --fail-first-attempt         rank 1 raises in the first torchrun attempt (--max-restarts)
     --helper                     import a module found through the user's own PYTHONPATH
+    --linger                     after destroy_process_group rank 0 (the store's host) exits at
+                                 once while rank 1 stays a few seconds longer
 """
 
 import argparse
@@ -50,7 +52,8 @@ def main():
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--wait-before-init")
     ap.add_argument("--wait-after-init")
-    for flag in ("bwd-error", "self-patch", "threads", "fork", "loader", "fail-first-attempt", "helper"):
+    for flag in ("bwd-error", "self-patch", "threads", "fork", "loader", "fail-first-attempt", "helper",
+                 "linger"):
         ap.add_argument(f"--{flag}", action="store_true")
     args, _ = ap.parse_known_args()
     if args.helper:
@@ -148,6 +151,9 @@ def main():
     checksum = sum(p.detach().double().sum().item() for p in model.parameters())
     say(f"R rank {rank} final {checksum:.6f}")
     dist.destroy_process_group()
+    if args.linger and rank == 1:
+        time.sleep(4)
+        say("R rank 1 lingered")
 
 
 if __name__ == "__main__":
