@@ -126,8 +126,9 @@ def test_store_host_gone_after_destroy(tmp_path):
     watchdog must not poll the vanished store (C++ printed "TCPStore recvValue failed")."""
     token = marker()
     out = tmp_path / "trace"
-    args = ("--steps", "2", "--linger", token)
-    plain, tr = pair(torchrun("train.py", *args), traced(torchrun("train.py", *args), out, "--hang-timeout", "1"))
+    script = str(PROGRAMS / "linger.py")
+    plain, tr = pair([PY, script, str(free_port()), token],
+                     traced([PY, script, str(free_port()), token], out, "--hang-timeout", "1"))
     assert plain.returncode == 0 and "lingered" in plain.stdout, plain
     assert tr.returncode == 0 and tr.lines() == plain.lines(), f"untraced {plain!r}\ntraced {tr!r}"
     for word in ("TCPStore", "recvValue", "Connection reset", "Broken pipe"):
