@@ -23,8 +23,16 @@ class _Main(click.Group):
         try:
             return super().invoke(ctx)
         except DdpDoctorError as exc:
-            click.echo(f"ddpdoctor: error: {exc}", err=True)
+            _echo_error(str(exc))
             ctx.exit(EXIT_USAGE)
+
+
+def _echo_error(msg: str) -> None:
+    """One line, whatever the message quotes from a trace (no control characters)."""
+    from .trace.safetext import for_terminal
+
+    msg = " ".join(str(msg).split())
+    click.echo(for_terminal(f"ddpdoctor: error: {msg[:2000]}"), err=True)
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
@@ -62,9 +70,13 @@ def _print_report(paths, fmt, output, verbose, select, ignore, fail_on, run_id) 
             text = rt(run, findings, notes, verbose=verbose)
     except Exception as exc:
         _internal_error(exc)
+    from .trace.safetext import for_terminal, valid_unicode
+
+    # Trace text is untrusted: no terminal control sequences, nothing that cannot be encoded.
+    text = for_terminal(text) if fmt == "text" else valid_unicode(text)
     if fmt != "text" or output:
         for n in run.notes + notes:  # the text report shows them; keep machine output pure
-            click.echo(f"ddpdoctor: note: {n}", err=True)
+            click.echo(for_terminal(f"ddpdoctor: note: {n}"), err=True)
     if output:
         try:
             with open(output, "w", encoding="utf-8") as f:
@@ -156,8 +168,16 @@ def trace(out, hang_timeout, on_hang, do_report, fmt, command):
         raise UsageError(f"command not found or not executable: {command[0]}")
     out = out or launcher.default_out_dir()
     click.echo(f"ddpdoctor: tracing into {out}", err=True)
-    status, killed = launcher.run(command, out, hang_timeout, on_hang)  # LaunchError: a usage error
-    if do_report:
+    faults: list = []
+    status, killed = launcher.run(command, out, hang_timeout, on_hang, faults=faults)  # LaunchError: usage
+    gone = _output_gone(out, faults)
+    if gone:
+        # one warning a run: when the launcher already printed what happened, this line only
+        # says what it left
+        click.echo(f"ddpdoctor: {'' if faults else 'warning: '}{gone}", err=True)
+    elif any(f.get("stage") == "folder" for f in faults):
+        pass  # nothing was traced, as the launcher's warning said
+    elif do_report:
         click.echo("", err=True)
         has_files = any(n.startswith("rank") for n in os.listdir(out)) if os.path.isdir(out) else False
         if has_files:
@@ -169,12 +189,49 @@ def trace(out, hang_timeout, on_hang, do_report, fmt, command):
                 click.echo(f"ddpdoctor: error: the report failed ({type(exc).__name__}: {exc}); "
                            f"the traces are in {out}", err=True)
         else:
-            click.echo("ddpdoctor: no rank traced (the command never initialised a process group)",
-                       err=True)
+            click.echo(f"ddpdoctor: no rank traced: {_why_untraced(command)}", err=True)
     if killed:
         click.echo(f"ddpdoctor: the job was ended after a hang (exit {EXIT_HANG})", err=True)
         status = EXIT_HANG
     click.get_current_context().exit(status)
+
+
+def _why_untraced(command: list[str]) -> str:
+    """Why a run left no trace: ddpdoctor reaches Python processes through PYTHONPATH and
+    sitecustomize, which python -I, -E and -S ignore."""
+    for arg in command[1:]:
+        if not arg.startswith("-") or arg.startswith("--"):
+            break  # the script or module: the interpreter's own options are over
+        if any(flag in arg[1:] for flag in "IES") and arg[1:].isalpha():
+            return (f"the command runs Python with {arg}, which ignores PYTHONPATH or site "
+                    f"customisation, so ddpdoctor was not loaded; the run was not traced")
+    return "the command never initialised a process group (or its Python processes ignore PYTHONPATH)"
+
+
+def _output_gone(out: str, faults: list) -> str | None:
+    """Why nothing of the run can be reported (the folder vanished, was never writable, or no
+    rank could create its trace), or None. Said instead of "no rank traced", which would be
+    false."""
+    if any(f.get("stage") == "folder" for f in faults):
+        return None
+    if not os.path.isdir(out):
+        return (f"the trace folder {out} was removed or replaced during the run; no trace was kept "
+                f"(the command's own output and exit status are unaffected)")
+
+    def kept(name: str) -> bool:
+        try:
+            return os.path.getsize(os.path.join(out, name)) > 0
+        except OSError:
+            return False
+
+    has_files = any(n.startswith("rank") and n.endswith(".jsonl") and kept(n) for n in os.listdir(out))
+    if faults and not has_files:
+        from .trace.ranges import fmt_ranks
+
+        ranks = fmt_ranks(sorted({f.get("rank") for f in faults if isinstance(f.get("rank"), int)}))
+        return (f"no trace was kept: rank(s) {ranks} could not write their trace in {out} "
+                f"({faults[0].get('why')}); the command's own output and exit status are unaffected")
+    return None
 
 
 @main.command()
@@ -191,6 +248,15 @@ def timeline(paths, output, ranks, window):
         n = tl.write(list(paths), output, ranks=ranks, window=window)
     except ValueError as exc:  # a bad --ranks/--window (TraceError is a DdpDoctorError)
         raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
+    except DdpDoctorError:
+        raise
+    except Exception as exc:  # never a traceback; DDPDOCTOR_DEBUG=1 shows it
+        if os.environ.get(settings.ENV_DEBUG):
+            raise
+        raise UsageError(f"internal error while writing the timeline ({type(exc).__name__}: {exc}); "
+                         f"set {settings.ENV_DEBUG}=1 for the traceback") from None
     click.echo(f"ddpdoctor: {n} events written to {output} (open in https://ui.perfetto.dev)", err=True)
 
 

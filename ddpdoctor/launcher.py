@@ -76,27 +76,102 @@ def kill_tree(pid: int, grace: float = 3.0) -> None:
     psutil.wait_procs(alive, timeout=grace)
 
 
+#: si_code of a signal the kernel generated, e.g. the terminal's Ctrl-C (SIGINT to the whole
+#: foreground process group): the command got it too and must not get it twice.
+_SI_KERNEL = 0x80
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def prepare_out(out: str) -> str | None:
+    """Create the trace folder. Raises LaunchError when it cannot be created (the user must
+    fix the path); returns why it is not writable (the command then runs untraced), or None."""
+    try:
+        os.makedirs(out, mode=0o755, exist_ok=True)  # never world-writable, whatever the umask
+    except OSError as exc:
+        raise LaunchError(f"cannot create the trace folder {out}: {exc.strerror or exc}") from None
+    probe = os.path.join(out, f".ddpdoctor-probe-{os.getpid()}")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def run(command: list[str], out: str, hang_timeout: float | None, on_hang: str,
-        poll: float = 0.2) -> tuple[int, bool]:
-    """Run the command; returns (exit status, whether ddpdoctor ended it after a hang)."""
-    os.makedirs(out, exist_ok=True)
-    env = child_env(out, hang_timeout, on_hang)
+        poll: float = 0.2, faults: list | None = None) -> tuple[int, bool]:
+    """Run the command; returns (exit status, whether ddpdoctor ended it after a hang).
+
+    ``faults`` receives the ranks' trace-output failures (``outfault``): one warning is printed
+    for the whole job when the first arrives. When the folder is not writable at all, the
+    command runs untraced (one warning). Signals sent to this process (SIGINT, SIGTERM, SIGHUP,
+    SIGQUIT) are passed to the command, as if it had been sent to it directly; the terminal's
+    own (Ctrl-C, which reaches the whole process group) is not passed twice."""
+    import sys
+
+    from .trace import outfault
+
+    not_writable = prepare_out(out)
+    listener = None
+    if not_writable is not None:
+        print(f"ddpdoctor: warning: cannot write into the trace folder {out} ({not_writable}); "
+              f"the command runs untraced", file=sys.stderr, flush=True)
+        env = dict(os.environ)
+        if faults is not None:
+            faults.append({"stage": "folder", "why": not_writable, "out": out})
+    else:
+        env = child_env(out, hang_timeout, on_hang)
+        try:
+            listener = outfault.Listener(f"ddpdoctor-{env[settings.ENV_RUN_ID]}-{os.getpid()}")
+            env[outfault.ENV_NOTIFY] = listener.name
+        except OSError:
+            listener = None  # the ranks then print their own warning
+    received: list[int] = []
+    handlers = {sig: signal.signal(sig, lambda s, f: received.append(s)) for sig in _FORWARDED}
     try:
         proc = subprocess.Popen(command, env=env)
     except OSError as exc:
+        for sig, old in handlers.items():
+            signal.signal(sig, old)
+        if listener is not None:
+            listener.close()
         raise LaunchError(f"cannot run {command[0]!r}: {exc.strerror or exc}") from None
     marker = os.path.join(out, KILL_MARKER)
     killed = False
-    # The terminal's Ctrl-C reaches the child too (same process group); we just keep waiting.
-    old_int = signal.signal(signal.SIGINT, lambda *_: None)
-    old_term = signal.signal(signal.SIGTERM, lambda s, f: proc.send_signal(s))
+    warned = False
+    # Blocked from here on (after the child started, so it inherits no mask) and taken with
+    # sigtimedwait, which says who sent each one.
+    # Without sigtimedwait (macOS) the handlers pass every signal on.
+    can_wait = hasattr(signal, "sigtimedwait")
+    if can_wait:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
     try:
         while True:
-            try:
-                rc = proc.wait(timeout=poll)
+            rc = proc.poll()
+            if rc is not None:
                 break
-            except subprocess.TimeoutExpired:
-                pass
+            while received:  # arrived before they were blocked
+                proc.send_signal(received.pop(0))
+            if not can_wait:
+                try:
+                    proc.wait(timeout=poll)
+                except subprocess.TimeoutExpired:
+                    pass
+                info = None
+            else:
+                info = signal.sigtimedwait(_FORWARDED, poll)
+            if info is not None and info.si_code != _SI_KERNEL:
+                try:
+                    proc.send_signal(info.si_signo)
+                except OSError:
+                    pass
+            if listener is not None:
+                new = listener.poll()
+                if faults is not None:
+                    faults.extend(new)
+                if new and not warned:
+                    warned = True
+                    print(f"ddpdoctor: warning: {outfault.message(new[0])}", file=sys.stderr, flush=True)
             if on_hang == "kill" and not killed and os.path.exists(marker):
                 killed = True
                 # The ranks end themselves (exit 124) once the diagnosis is written, and the
@@ -107,8 +182,17 @@ def run(command: list[str], out: str, hang_timeout: float | None, on_hang: str,
                 except subprocess.TimeoutExpired:
                     kill_tree(proc.pid)
     finally:
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGTERM, old_term)
+        if can_wait:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
+        for sig, old in handlers.items():
+            signal.signal(sig, old)
+        if listener is not None:
+            new = listener.poll()
+            if faults is not None:
+                faults.extend(new)
+            if new and not warned:
+                print(f"ddpdoctor: warning: {outfault.message(new[0])}", file=sys.stderr, flush=True)
+            listener.close()
     if os.path.exists(marker) and on_hang == "kill":
         killed = True
     return exit_status(rc), killed

@@ -9,6 +9,7 @@ Corrupt or truncated lines are skipped and counted, never fatal.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import zlib
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ..errors import TraceError
 from ..trace import ops
-from ..trace.files import PREFIX, SCHEMA_VERSION, STACKS_SUFFIX, SUFFIX
+from ..trace.files import PREFIX, SCHEMA_VERSION, STACKS_SUFFIX, SUFFIX, open_regular
 
 #: Sequence events per digest block.
 BLOCK = 256
@@ -28,6 +29,17 @@ ASYMMETRIC_OPS = ops.ASYMMETRIC_OPS
 _SIG_KEYS = ("x", "rop", "root", "groot", "nobj")
 _RARE = frozenset({"pg", "init", "file", "file_cap", "seed", "split", "sampler", "set_epoch", "optim",
                    "ddp", "exit", "hang", "pending", "w"})
+#: Rare kinds that a long run can write without bound: beyond this many per kind only a count is
+#: kept. How a rank ended (exit, hang, pending, init, pg) is never dropped; async waits ("w") are
+#: always summarised (RankTrace.async_waits), never kept one by one.
+RARE_CAP = 100000
+_UNCAPPED = frozenset({"exit", "hang", "pending", "init", "pg", "file_cap"})
+#: Longest line read as a record; no writer makes longer ones, so a longer line is corrupt (and
+#: reading it whole would cost memory and time without bound).
+MAX_LINE = 1 << 20
+#: Largest world size believed from a header (anything larger is a damaged or hostile file).
+MAX_WORLD = 1 << 20
+_INT_LIMIT = 1 << 62
 
 
 #: Ops counted as barriers (RankTrace.after_barrier).
@@ -38,11 +50,58 @@ _TYPED = (("t", str), ("op", str), ("g", str), ("ch", str), ("d", int), ("ts", (
 
 
 def _well_typed(rec: dict) -> bool:
+    """The fields the loader computes with have their type (null only for ``site``), and their
+    numbers are finite and of sane magnitude."""
     for key, typ in _TYPED:
-        v = rec.get(key)
-        if v is not None and not isinstance(v, typ):
+        if key not in rec:
+            continue
+        v = rec[key]
+        if v is None and key == "site":
+            continue
+        if not isinstance(v, typ):
+            return False
+        if typ is not str and not (-_INT_LIMIT < v < _INT_LIMIT and (type(v) is not float or math.isfinite(v))):
             return False
     return True
+
+
+# A lone UTF-16 surrogate, escaped (\ud800) or as raw bytes: json.loads accepts both, and such a
+# string cannot be encoded again (UnicodeEncodeError wherever it is written or hashed).
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def parse_line(raw: bytes):
+    """One record line decoded: json.loads, with lone surrogates replaced by U+FFFD.
+    Raises ValueError (not JSON, not UTF-8) or RecursionError (absurd nesting)."""
+    rec = json.loads(raw)
+    if _SURROGATE.search(raw) is not None:
+        text = json.dumps(rec, ensure_ascii=False).encode("utf-8", "replace").decode("utf-8")
+        rec = json.loads(text)
+    return rec
+
+
+def bounded_lines(f):
+    """The lines of a binary file, each at most MAX_LINE bytes: an over-long line is yielded as
+    one ``None`` (the caller counts it as corrupt) and its remainder skipped. A last line without
+    its newline is yielded as read (truncated). Yields (offset of the line, line or None)."""
+    offset = 0
+    skipping = False
+    readline = f.readline
+    limit = MAX_LINE + 1
+    while True:
+        raw = readline(limit)
+        if not raw:
+            return
+        start = offset
+        offset += len(raw)
+        if skipping:
+            skipping = not raw.endswith(b"\n")
+            continue
+        if len(raw) == limit and not raw.endswith(b"\n"):
+            skipping = True
+            yield start, None
+            continue
+        yield start, raw
 
 
 #: Fast path for ``c`` records (most of a trace): lines that differ only in the values of
@@ -50,7 +109,12 @@ def _well_typed(rec: dict) -> bool:
 #: (see _Shape.make); the other lines of a shape are matched by this pattern and never decoded.
 #: False: json.loads for every line (the reference the fast path is tested against).
 FAST_PATH = True
-_FAST_C = re.compile(rb'\{"t":"c",(.*?)"s":(0|[1-9][0-9]*),(.*?)"ts":(0|[1-9][0-9]*),"d":(0|[1-9][0-9]*),'
+#: Groups 1 and 3 stop at the first ``"s":`` / ``"ts":`` (runs of non-quotes, or a quote not
+#: starting that key), so a line matches in one way and hostile lines cannot make it backtrack
+#: (the lazy ``.*?`` it replaces took 32 s on a 22 KB line). Whether the numbers found are
+#: really the fields is still checked once per shape (_Shape.make).
+_FAST_C = re.compile(rb'\{"t":"c",([^"]*(?:"(?!s":)[^"]*)*)"s":(0|[1-9][0-9]*),([^"]*(?:"(?!ts":)[^"]*)*)'
+                     rb'"ts":(0|[1-9][0-9]*),"d":(0|[1-9][0-9]*),'
                      rb'"site":(-?[0-9]+)(?:,"step":(0|[1-9][0-9]*))?(.*)\}\n\Z')
 _MAX_SHAPES = 4096
 #: (regex group, stand-in value) of the varying fields s, ts, d, step
@@ -150,6 +214,13 @@ class RankTrace:
     bad_lines: int = 0
     truncated: bool = False
     problems: list = field(default_factory=list)
+    # async waits ("w"), summarised: op -> [count, total µs, longest µs]
+    async_waits: dict = field(default_factory=dict)
+    # (group, seq) of async waits that completed after the watchdog wrote them as pending
+    waited: set = field(default_factory=set)
+    dropped: dict = field(default_factory=dict)  # rare kind -> records beyond RARE_CAP (counted)
+    # the rank's trace output failed (full disk, folder removed): its "stopped" record
+    output_fault: dict | None = None
 
     @property
     def rank(self) -> int:
@@ -200,20 +271,22 @@ def read_rank(path: str) -> RankTrace:
     """One streaming pass over a rank's file."""
     rt = RankTrace(path=path)
     try:
-        f = open(path, "rb")
+        f = open_regular(path)
     except OSError as exc:
-        rt.problems.append(f"cannot read {path}: {exc.strerror}")
+        rt.problems.append(f"cannot read {path}: {exc.strerror or exc}")
         return rt
-    loads = json.loads
+    loads = parse_line
     crc = zlib.crc32
     fast_match = _FAST_C.match if FAST_PATH else None
     shapes: dict[tuple, _Shape | None] = {}
     last_op = rt.last_op
+    rare_counts: dict[str, int] = {}
+    pending_waits: set = set()
     with f:
-        offset = 0
-        for raw in f:
-            start = offset
-            offset += len(raw)
+        for start, raw in bounded_lines(f):
+            if raw is None:
+                rt.bad_lines += 1  # an over-long line
+                continue
             if not raw.endswith(b"\n"):
                 rt.truncated = True  # a rank killed mid-write: tolerated
                 break
@@ -257,7 +330,7 @@ def read_rank(path: str) -> RankTrace:
                         continue
             try:
                 rec = loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
                 rt.bad_lines += 1
                 continue
             if not isinstance(rec, dict) or not _well_typed(rec):
@@ -333,7 +406,10 @@ def read_rank(path: str) -> RankTrace:
                 if end > rt.last_ts:
                     rt.last_ts = end
             elif t == "site":
-                rt.sites[rec.get("id")] = rec
+                if _conform_site(rec):
+                    rt.sites[rec.get("id")] = rec
+                else:
+                    rt.bad_lines += 1
             elif t == "e":
                 op = rec.get("op", "?")
                 if op in rt.ddp_steps:
@@ -347,18 +423,50 @@ def read_rank(path: str) -> RankTrace:
                 elif op.startswith("join"):
                     rt.rare.append(rec)
             elif t == "header":
-                if rt.header:
+                if rt.header.get("t") == "header":
                     rt.problems.append(f"{os.path.basename(path)}: second header ignored")
                 else:
-                    rt.header = rec
+                    rec.pop("_groups", None)  # the loader's own key, never the file's
+                    _conform(rec, _HEADER_TYPES)
+                    rt.header = dict(rt.header, **rec)
             elif t in _RARE:
-                if len(rt.rare) < 200000:
+                if t == "w":
+                    op = rec.get("op", "?")
+                    d = rec.get("d", 0)
+                    w = rt.async_waits.get(op)
+                    if w is None:
+                        rt.async_waits[op] = [1, d, d]
+                    else:
+                        w[0] += 1
+                        w[1] += d
+                        if d > w[2]:
+                            w[2] = d
+                    k = (rec.get("g"), rec.get("s"))
+                    if k in pending_waits:
+                        rt.waited.add(k)
+                elif t in _UNCAPPED:
+                    if t in _RARE_TYPES:
+                        _conform(rec, _RARE_TYPES[t])
+                        if t == "exit" and "inflight" in rec:
+                            rec["inflight"] = [i for i in rec["inflight"] if isinstance(i, list) and len(i) >= 5]
                     rt.rare.append(rec)
+                    if t == "pending" and str(rec.get("op", "")).endswith(".wait"):
+                        pending_waits.add((rec.get("g"), rec.get("s")))
+                else:
+                    n = rare_counts.get(t, 0)
+                    rare_counts[t] = n + 1
+                    if n < RARE_CAP:
+                        if t in _RARE_TYPES:
+                            _conform(rec, _RARE_TYPES[t])
+                        rt.rare.append(rec)
+                    else:
+                        rt.dropped[t] = rt.dropped.get(t, 0) + 1
                 ts = rec.get("ts")
                 if isinstance(ts, int) and ts > rt.last_ts:
                     rt.last_ts = ts
-                if t == "pg" and rec.get("ranks") is not None:
-                    rt.header.setdefault("_groups", {})[rec.get("g")] = rec.get("ranks")
+                ranks = rec.get("ranks")
+                if t == "pg" and isinstance(ranks, list) and all(type(r) is int for r in ranks):
+                    rt.header.setdefault("_groups", {})[rec.get("g")] = ranks
             else:
                 rt.bad_lines += 0  # unknown record types from newer writers are skipped
     _read_sidecars(rt, path)
@@ -378,17 +486,94 @@ def read_rank(path: str) -> RankTrace:
         tail = [x if isinstance(x, dict) else x[0].record(x[1]) for x in rt.tail]
         rt.tail.clear()
         rt.tail.extend(tail)
-    if not rt.header:
+    if rt.header.get("t") != "header":
+        rt.header = {}  # only groups seen, no header record
+    if rt.header and not _header_valid(rt.header):
+        rt.problems.append(f"{os.path.basename(path)}: header with a missing or invalid "
+                           f"schema/run/rank/world/attempt; file ignored")
+        rt.header = {}
+    elif not rt.header:
         rt.problems.append(f"{os.path.basename(path)}: no header record (not a ddpdoctor trace?)")
-    elif int(rt.header.get("schema", 0)) > SCHEMA_VERSION:
+    elif rt.header.get("schema", 0) > SCHEMA_VERSION:
         rt.problems.append(f"{os.path.basename(path)}: written by a newer ddpdoctor "
                            f"(schema {rt.header.get('schema')}); some records may be ignored")
+    for kind, n in rt.dropped.items():
+        rt.problems.append(f"{os.path.basename(path)}: {n} '{kind}' record(s) beyond the first "
+                           f"{RARE_CAP} only counted")
     if rt.bad_lines:
         rt.problems.append(f"{os.path.basename(path)}: {rt.bad_lines} corrupt line(s) skipped")
-    if rt.truncated:
+    if rt.output_fault is not None:
+        rt.problems.append(f"{os.path.basename(path)}: the trace stops early: it could not be "
+                           f"written ({rt.output_fault.get('why')}); the rank ran on untraced, "
+                           f"its first {rt.events} call(s) are kept")
+    elif rt.truncated:
         rt.problems.append(f"{os.path.basename(path)}: last line truncated (the rank was killed "
                            "while writing); read up to it")
     return rt
+
+
+_NUM = (int, float)
+_STR = (str,)
+#: Optional header fields and their types: a field of another type is dropped (reported as
+#: absent), so that no renderer meets a number where it expects a list.
+_HEADER_TYPES = {"host": _STR, "torch": _STR, "backend": _STR, "python": _STR, "tool": _STR,
+                 "argv": (list,), "wall0": _NUM, "pid": (int,), "local_rank": (int,),
+                 "pg_timeout_s": _NUM + (type(None),), "hang_timeout_s": _NUM + (type(None),)}
+#: Container fields of rare records that checks iterate: one of another type is dropped.
+_RARE_TYPES = {"exit": {"inflight": (list,), "stack": (list,), "exc": _STR, "how": _STR, "file": _STR,
+                        "line": (int,), "func": _STR, "seq": (dict,)},
+               "pg": {"ranks": (list,), "op": _STR},
+               "file": {"pos": (dict,), "done": (dict,), "path": _STR, "to": _STR, "op": _STR},
+               "hang": {"status": (dict,), "diag": (dict,), "role": _STR},
+               "sampler": {"created": (int, type(None))}}
+_SITE_TYPES = {"file": _STR, "line": (int,), "func": _STR, "src": _STR, "stack": (list,),
+               "conds": (list,), "via": _STR}
+
+
+def _conform(rec: dict, types: dict) -> None:
+    """Drop the fields of ``rec`` whose type is not the one readers rely on; numbers must be
+    finite and of sane magnitude, lists hold only plain values."""
+    for key, typ in types.items():
+        if key not in rec:
+            continue
+        v = rec[key]
+        ok = isinstance(v, typ) and not (isinstance(v, bool) and bool not in typ)
+        if ok and isinstance(v, (int, float)) and not isinstance(v, bool):
+            ok = -_INT_LIMIT < v < _INT_LIMIT and (type(v) is not float or math.isfinite(v))
+        if ok and key == "argv":
+            ok = all(isinstance(a, str) for a in v)
+        if not ok:
+            del rec[key]
+
+
+def _frame_ok(fr) -> bool:
+    return (isinstance(fr, list) and len(fr) >= 4 and isinstance(fr[0], str) and type(fr[1]) is int
+            and all(isinstance(x, str) for x in fr[2:4]))
+
+
+def _conform_site(rec: dict) -> bool:
+    """A call-site record readers can use: an integer id; wrong-typed fields, malformed stack
+    frames and branch conditions dropped."""
+    if type(rec.get("id")) is not int:
+        return False
+    _conform(rec, _SITE_TYPES)
+    if "stack" in rec:
+        rec["stack"] = [fr for fr in rec["stack"] if _frame_ok(fr)]
+    if "conds" in rec:
+        rec["conds"] = [c for c in rec["conds"] if _frame_ok(c)]
+    return True
+
+
+def _header_valid(h: dict) -> bool:
+    """Header fields every reader computes with: integers in range, a string run id."""
+    def nat(key, hi=_INT_LIMIT, default=0):
+        v = h.get(key, default)
+        return type(v) is int and 0 <= v < hi
+
+    run = h.get("run", "")
+    return (nat("schema") and nat("rank", MAX_WORLD, -1) and nat("world", MAX_WORLD + 1)
+            and nat("attempt") and isinstance(run, (str, type(None)))
+            and isinstance(h.get("_groups", {}), dict))
 
 
 def iter_records(path: str, offset: int = 0, contains: bytes | None = None):
@@ -396,20 +581,22 @@ def iter_records(path: str, offset: int = 0, contains: bytes | None = None):
     reading stops at a truncated last line (a rank killed mid-write), an unreadable file yields
     nothing. ``contains``: only lines holding these bytes are decoded (a cheap pre-filter)."""
     try:
-        f = open(path, "rb")
+        f = open_regular(path)
     except OSError:
         return
     with f:
         if offset:
             f.seek(offset)
-        for raw in f:
+        for _start, raw in bounded_lines(f):
+            if raw is None:
+                continue
             if not raw.endswith(b"\n"):
                 return
             if contains is not None and contains not in raw:
                 continue
             try:
-                rec = json.loads(raw)
-            except ValueError:
+                rec = parse_line(raw)
+            except (ValueError, RecursionError):
                 continue
             if isinstance(rec, dict):
                 yield rec
@@ -440,18 +627,27 @@ def _read_sidecars(rt: RankTrace, path: str) -> None:
     line = inflightfile.read(base + inflightfile.SUFFIX)
     if line:
         try:
-            rec = json.loads(line)
-        except ValueError:
+            rec = parse_line(line.encode("utf-8", "replace"))
+        except (ValueError, RecursionError):
             rec = None
         if isinstance(rec, dict) and rec.get("t") == "c" and isinstance(rec.get("s"), int):
             gs = rt.groups.get(rec.get("g", "0"))
             if rec["s"] > (gs.count if gs is not None else 0):
                 rt.rare.append(dict(rec, t="pending", src="inflight"))
+        elif isinstance(rec, dict) and rec.get("t") == "stopped":
+            # outfault: the rank could not write its trace any more and ran on untraced
+            rt.output_fault = rec
+            ex = rec.get("exit")
+            if isinstance(ex, dict) and ex.get("t") == "exit" and rt.exit_record() is None:
+                rt.rare.append(dict(ex, src="inflight"))
     if rt.exit_record() is not None:
         return
     try:
-        with open(base + STACKS_SUFFIX, errors="replace") as f:
-            text = f.read()[-200000:]
+        with open_regular(base + STACKS_SUFFIX) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > 200000:
+                f.seek(size - 200000)
+            text = f.read(200000).decode("utf-8", "replace")
     except OSError:
         return
     fatal = list(_FATAL.finditer(text))

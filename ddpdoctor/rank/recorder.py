@@ -69,6 +69,7 @@ class Recorder:
         self.installed: set[str] = set()  # process-wide hooks installed once ("exit", "files")
         # DDP parameter/gradient memory ranges (patches.ddp.overlap), rebuilt when marked dirty
         self._ddp_ptrs: dict = {"dirty": True, "map": {}}
+        self.output_fault: dict | None = None  # set once the trace output failed (outfault)
 
     # -- time ---------------------------------------------------------------------------------
     def now_us(self) -> int:
@@ -85,6 +86,11 @@ class Recorder:
                 w.write_line(line)
             except OSError as exc:
                 self.internal_error(exc)
+        elif self.output_fault is not None:
+            if line.startswith('{"t":"exit"'):
+                from ..trace import outfault
+
+                outfault.keep_exit(self, line)
         elif self.enabled and len(self._pending) < 10000:
             self._pending.append(line)
 
@@ -96,13 +102,15 @@ class Recorder:
         self.rank, self.world = rank, world
         out = self.settings.out
         try:
-            os.makedirs(out, exist_ok=True)
+            os.makedirs(out, mode=0o755, exist_ok=True)
             attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
             host = hostname()
             path = os.path.join(out, trace_file_name(rank, host, os.getpid(), attempt))
             self.writer = TraceWriter(path)
         except OSError as exc:
-            self.internal_error(exc)
+            from ..trace import outfault
+
+            outfault.failed(self, exc, "create")
             return
         import torch
 
@@ -112,13 +120,16 @@ class Recorder:
             torch=torch.__version__, backend=backend, argv=list(sys.argv), python=sys.version.split()[0],
             wall0=self.wall0, pg_timeout_s=timeout_s, hang_timeout_s=self.settings.hang_timeout,
             tool="ddpdoctor")
-        self.writer.write(header)
         try:
             from ..trace.inflight import SUFFIX, InflightSlot
 
+            # First, so that its space is reserved before the disk can fill up.
             self.slot = InflightSlot(path[: -len(".jsonl")] + SUFFIX)
         except (OSError, ValueError):
             self.slot = None
+        self.emit(header)
+        if self.writer is None:  # the write failed (outfault): nothing more to do here
+            return
         # Call sites interned before the file existed (events refer to them by id), then the
         # records made before the process group existed.
         for sid in sorted(self.sites.records):
@@ -176,7 +187,14 @@ class Recorder:
 
     # -- errors -------------------------------------------------------------------------------
     def internal_error(self, exc: BaseException) -> None:
-        """ddpdoctor must never break the traced program: log once, then get out of the way."""
+        """ddpdoctor must never break the traced program: log once, then get out of the way.
+        A failing trace output (full disk, folder gone) is no internal error: see outfault."""
+        if self.writer is not None or self.output_fault is not None:
+            from ..trace import outfault
+
+            if outfault.is_output_error(exc):
+                outfault.failed(self, exc, "write")
+                return
         if self.settings.debug:
             traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
         if not self._error_logged:

@@ -176,6 +176,9 @@ class Watchdog(threading.Thread):
         self._cpu = (now_m, cpu)
         now = rec.now_us()
         oldest = None
+        from .staleinflight import drop_stale
+
+        drop_stale(rec)  # a backward that raised leaves its entry behind
         for info in map(InFlight._make, list(rec.inflight.values())):
             waited = (now - info.ts) / 1e6
             if waited >= PENDING_RECORD_AFTER_S:
@@ -409,7 +412,9 @@ class Watchdog(threading.Thread):
         if not out:
             return
         try:
-            with open(os.path.join(out, name), "a" if append else "w") as f:
+            from ..trace.outfault import open_private
+
+            with open_private(os.path.join(out, name), append) as f:
                 f.write(text)
         except OSError:
             pass

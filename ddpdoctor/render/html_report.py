@@ -348,10 +348,20 @@ def render(run: Run, findings: list[Finding], notes: list[str]) -> str:
             counts[f.severity] = counts.get(f.severity, 0) + 1
         out.append("<p>" + ", ".join(f"{n} {_e(s)}{'s' if n > 1 else ''}" for s, n in counts.items())
                    + "</p>")
-        out.extend(_finding(run, i, f) for i, f in enumerate(findings, 1))
+        for i, f in enumerate(findings, 1):
+            try:
+                out.append(_finding(run, i, f))
+            except Exception as exc:  # a finding built from damaged input must not hide the others
+                out.append(f'<section class="finding info" id="finding-{i}"><h3>[{i}] {_e(f.id)} '
+                           f"{_e(f.category)}</h3><p>could not be shown ({_e(type(exc).__name__)}: "
+                           f"{_e(exc)})</p></section>")
     out.append("<h2>Ranks</h2><table><thead><tr><th>rank(s)</th><th>calls</th><th>last call</th>"
                "<th>exit</th></tr></thead><tbody>")
-    for row in _rank_rows(run, limit=64):
+    try:
+        rows = _rank_rows(run, limit=64)
+    except Exception as exc:  # damaged input: the findings are still worth showing
+        rows = [["?", "", f"the rank table could not be shown ({type(exc).__name__})", ""]]
+    for row in rows:
         out.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>")
     out.append("</tbody></table>")
     files = ", ".join(sorted({os.path.dirname(rt.path) or "." for rt in run.ranks.values()}))

@@ -111,8 +111,11 @@ def render(run: Run, findings: list[Finding], notes: list[str], verbose: bool = 
     for n in run.notes + notes:
         out.append(f"note: {n}")
     out.append("")
-    out.append(tabulate(_rank_rows(run), headers=["rank", "events", "last event", "exit"],
-                        tablefmt="simple"))
+    try:
+        out.append(tabulate(_rank_rows(run), headers=["rank", "events", "last event", "exit"],
+                            tablefmt="simple"))
+    except Exception as exc:  # damaged input: the findings are still worth printing
+        out.append(f"(the rank table could not be shown: {type(exc).__name__}: {exc})")
     out.append("")
     if not findings:
         out.append("No findings: the ranks' traces agree.")
@@ -123,5 +126,8 @@ def render(run: Run, findings: list[Finding], notes: list[str], verbose: bool = 
     out.append("Findings: " + ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items()))
     for i, f in enumerate(findings, 1):
         out.append("")
-        out.extend(render_finding(i, f, verbose))
+        try:
+            out.extend(render_finding(i, f, verbose))
+        except Exception as exc:  # a finding built from damaged input must not hide the others
+            out.append(f"[{i}] {f.id} {f.category}: could not be shown ({type(exc).__name__}: {exc})")
     return "\n".join(out)

@@ -311,18 +311,21 @@ def _stream_rank(out: _Writer, rt, pid: int, offset_us: int, window, findings: l
     open_calls: dict[tuple, dict] = {}  # (g, s, op) -> pending record, until the call completes
     exit_rec: dict | None = None
     last_ts = 0
+    from ..analysis.load import bounded_lines, open_regular, parse_line
+
     try:
-        # Text mode: json.loads of str skips the encoding sniffing it does for bytes.
-        f = open(rt.path, encoding="utf-8", errors="replace", newline="\n")
+        f = open_regular(rt.path)  # a regular file only, read in lines of bounded length
     except OSError:
         return
     with f:
-        for raw in f:
-            if not raw.endswith("\n"):
+        for _start, raw in bounded_lines(f):
+            if raw is None:
+                continue  # an over-long line: corrupt
+            if not raw.endswith(b"\n"):
                 break  # a rank killed mid-write
             try:
-                rec = json.loads(raw)
-            except ValueError:
+                rec = parse_line(raw)
+            except (ValueError, RecursionError):
                 continue
             if not isinstance(rec, dict):
                 continue
@@ -414,8 +417,10 @@ def write(paths: list[str], output: str, ranks: str | None = None, window: str |
     want = parse_ranks(ranks)
     win = parse_window(window)
     run: Run = load_run(list(paths))
+    from ..trace.safetext import for_terminal
+
     for note in run.notes:  # which run/attempt was chosen, unreadable files: worth knowing here too
-        print(f"ddpdoctor: note: {note}", file=sys.stderr)
+        print(for_terminal(f"ddpdoctor: note: {note}"), file=sys.stderr)
     selected = [r for r in run.ranks if want is None or r in want]
     if not selected:
         raise ValueError(f"--ranks {ranks}: none of these ranks is in the run "
@@ -439,8 +444,13 @@ def write(paths: list[str], output: str, ranks: str | None = None, window: str |
         out = _Writer(f)
         for r in selected:
             rt = run.ranks[r]
-            offset = int(round((wall0(rt) - base) * 1e6))
-            _stream_rank(out, rt, r + 1, offset, win, by_rank.get(r, []))
+            try:
+                offset = int(round((wall0(rt) - base) * 1e6))
+                _stream_rank(out, rt, r + 1, offset, win, by_rank.get(r, []))
+            except (ArithmeticError, TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+                # damaged input in one rank's file: the other ranks are still worth having
+                print(for_terminal(f"ddpdoctor: note: rank {r}: part of its timeline was skipped "
+                                   f"({type(exc).__name__}: {exc})"), file=sys.stderr)
         f.write("\n]}\n")
     os.replace(tmp, output)
     return out.count

@@ -7,9 +7,11 @@ the cost of one syscall a record (about 1 µs here; ``fsync`` is only done on ha
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
+import stat
 import threading
 
 #: Bumped whenever a record's meaning changes; readers accept every version up to their own.
@@ -79,3 +81,17 @@ class TraceWriter:
 
 def hostname() -> str:
     return socket.gethostname() or "localhost"
+
+
+def open_regular(path: str):
+    """Open a trace or sidecar file for binary reading, only if it is a regular file: a FIFO
+    or a device (a link to /dev/zero) named like a trace would block or never end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise

@@ -9,6 +9,7 @@ the process dies, so the reader can tell which call a dead rank was in, and with
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 
@@ -21,10 +22,16 @@ class InflightSlot:
         self.path = path
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            os.ftruncate(fd, SIZE)
+            reserve(fd, SIZE)
             self._mm = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+        except BaseException:
             os.close(fd)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            raise
+        os.close(fd)
 
     def set(self, line: str) -> None:
         """Record one JSON line (the call about to block); longer ones are not kept."""
@@ -39,10 +46,33 @@ class InflightSlot:
             pass
 
 
+def reserve(fd: int, size: int) -> None:
+    """Give the file real blocks before it is mapped. A store into a mapped page that the
+    filesystem cannot back (a sparse file on a full disk) kills the process with SIGBUS, so a
+    slot that cannot be backed must fail here, with an OSError (the caller goes on without it),
+    never later inside the program."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise  # ENOSPC, EDQUOT...
+    except AttributeError:  # no posix_fallocate on this platform
+        pass
+    # Filesystems without fallocate: write the zeros (a write that cannot be backed fails).
+    zeros = bytes(size)
+    done = 0
+    while done < size:
+        done += os.pwrite(fd, zeros[done:], done)
+    os.fsync(fd)
+
+
 def read(path: str) -> str | None:
     """The last call recorded in an in-flight file, or None."""
+    from .files import open_regular
+
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # never a FIFO or a device named like a slot
             data = f.read(SIZE)
     except OSError:
         return None

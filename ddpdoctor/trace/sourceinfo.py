@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import ast
 import linecache
+import os
 import re
+import stat
 import threading
 
 # (first line, last line, header line, header text, kind) for every branch body in a file.
@@ -24,11 +26,32 @@ RANK_WORDS = re.compile(
 )
 
 
+#: Largest source file read (the report reads files named by a trace, which is untrusted input).
+MAX_SOURCE_BYTES = 4 << 20
+_SOURCE_SUFFIXES = (".py", ".pyw")
+
+
+def source_lines(filename: str) -> list[str]:
+    """The lines of a Python source file, or [] unless it plausibly is one of the traced
+    program's sources: a regular file (never a FIFO or a device such as /dev/zero), at most
+    MAX_SOURCE_BYTES, named *.py. A trace read by ``report`` names files; a hostile or
+    damaged one must not make it read, or quote, anything else."""
+    if not isinstance(filename, str) or not filename.endswith(_SOURCE_SUFFIXES):
+        return []
+    try:
+        st = os.stat(filename)
+    except (OSError, ValueError):
+        return []
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SOURCE_BYTES:
+        return []
+    return linecache.getlines(filename)
+
+
 def _blocks(filename: str) -> list[_Block] | None:
     with _lock:
         if filename in _cache:
             return _cache[filename]
-    lines = linecache.getlines(filename)
+    lines = source_lines(filename)
     blocks: list[_Block] | None = None
     if lines:
         try:
@@ -85,7 +108,7 @@ def loop_exits(filename: str, loop_line: int) -> list[list]:
     """Early exits of the loop whose header is at ``loop_line``: ``break`` (not of an inner
     loop), ``return`` and ``raise`` statements in its body, each with the innermost ``if`` that
     guards it: ``[[line, statement, if_line, if_text], ...]``. Read when a finding is made."""
-    lines = linecache.getlines(filename)
+    lines = source_lines(filename)
     if not lines:
         return []
     try:

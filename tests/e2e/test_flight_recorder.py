@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 from conftest import PY, ROOT, free_port, kill_tree, report
-from support.traces import coll, write_traces
+from support.traces import group_coll as coll
+from support.traces import write_traces
 
 from ddpdoctor.analysis import frdump
 

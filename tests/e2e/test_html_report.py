@@ -172,7 +172,7 @@ def _distinct_colours(png: bytes, rows: int = 600) -> int:
     return len(colours)
 
 
-def test_untrusted_trace_text_is_escaped(tmp_path):
+def _evil_run(tmp_path):
     evil_file = "/src/<script>alert(1)</script>.py"
     evil_src = '<img src=x onerror="alert(2)"> if rank == 0: dist.all_reduce(x)'
     conds = [[evil_file, 5, "if rank == 0:", "if"]]
@@ -185,11 +185,27 @@ def test_untrusted_trace_text_is_escaped(tmp_path):
     run = load_run([str(d)])
     findings, notes = analyze(run)
     assert any(f.id == "DD001" for f in findings)
-    page = render_html.render(run, findings, notes)
+    return render_html.render(run, findings, notes)
+
+
+def test_untrusted_trace_text_is_escaped(tmp_path):
+    page = _evil_run(tmp_path)
     _no_external_loads(page)
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "&lt;img src=x onerror=&quot;alert(2)&quot;&gt;" in page
     assert "&lt;b&gt;boom&lt;/b&gt;" in page  # the exception text, in the swimlane's tooltip
+
+
+def test_untrusted_trace_text_stays_text_in_the_browser(chromium, tmp_path):
+    """The browser's DOM of a page built from a trace full of markup: no element came from it."""
+    page = tmp_path / "evil.html"
+    page.write_text(_evil_run(tmp_path), encoding="utf-8")
+    res = run_chromium(chromium, tmp_path, page, "--dump-dom")
+    assert res.returncode == 0, res.stderr[-2000:]
+    dom = res.stdout
+    assert "ddpdoctor report" in dom
+    assert "<script" not in dom.lower() and "<img" not in dom.lower() and "<b>boom" not in dom
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
 
 
 def test_identical_ranks_share_a_lane_and_clean_runs_say_so(tmp_path):

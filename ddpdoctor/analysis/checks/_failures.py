@@ -135,7 +135,7 @@ def in_flight(ctx: Context, rank: int) -> list[dict]:
     rt = ctx.run.ranks[rank]
     out: list[dict] = []
     seen = set()
-    waited = {(w.get("g"), w.get("s")) for w in rt.records("w")}
+    waited = rt.waited  # async waits that completed after the watchdog noted them
     ex = rt.exit_record()
     cands: list[dict] = []
     if ex is not None:

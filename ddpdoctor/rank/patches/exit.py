@@ -77,7 +77,8 @@ def install(rec) -> None:
         exc = sys.exc_info()[1]
         if exc is not None:
             record_exception(rec, exc)
-        if not rec.exit_recorded and rec.writer is not None:
+        # After an output fault (outfault) the exit record still goes to the in-flight slot.
+        if not rec.exit_recorded and (rec.writer is not None or rec.output_fault is not None):
             rec.exit_recorded = True
             try:
                 rec.emit(normal_exit(rec))
@@ -117,7 +118,9 @@ def _install_signal_dumps(rec) -> None:
         return
     path = files.stacks_path(rec.writer.path)
     try:
-        rec.stacks_file = open(path, "a")  # noqa: SIM115 - must stay open for faulthandler
+        from ...trace.outfault import open_private
+
+        rec.stacks_file = open_private(path, append=True)  # stays open for faulthandler
         for sig in (signal.SIGTERM, signal.SIGUSR2):
             if sig == signal.SIGTERM and signal.getsignal(sig) not in (signal.SIG_DFL, None):
                 continue  # the program handles SIGTERM itself: leave it alone

@@ -120,6 +120,17 @@ def patch(set_fn, mark: str) -> None:
                         rec.writer.sync()
                 except Exception as exc:
                     rec.internal_error(exc)
+            if rec is not None and group is None and rec.watchdog is not None:
+                # No collective can hang once the job's group is gone, and its store may be
+                # gone too (its host rank exits): polling it would make C++ print warnings
+                # the program never prints untraced. A later init starts a new watchdog.
+                wd, rec.watchdog = rec.watchdog, None
+                try:
+                    # what a rank still waiting for this one will be told, while the store lives
+                    wd.publish_exit({"how": "destroyed the process group", "seq": rec.position()})
+                    wd.stop()
+                except Exception as exc:
+                    rec.internal_error(exc)
             result = orig_destroy(*args, **kwargs)
             if rec is not None:
                 # Names are cached by id(): a later group may reuse a destroyed one's id.
