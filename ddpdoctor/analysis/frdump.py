@@ -90,7 +90,8 @@ def read(path: str, kind: str) -> dict | None:
     except _Refused as exc:
         raise DumpRefused(
             f"refusing {path}: the pickle asks for {exc} — a Flight Recorder dump holds only "
-            "plain data, so this file is not one and is never executed") from None
+            "plain data, so this file is not one and is never executed (move it out of the folder, "
+            "or name the dump files themselves)") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, OSError,
             AttributeError, OverflowError, MemoryError, RecursionError, UnicodeDecodeError):
         return None

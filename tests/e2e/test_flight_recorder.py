@@ -24,9 +24,9 @@ from ddpdoctor.analysis import frdump
 
 PROGRAM = ROOT / "tests" / "e2e" / "fr_programs" / "fr_job.py"
 SCENARIOS = ("divergent", "skipped_barrier", "mismatch", "dead_rank", "uneven_ddp", "wrapped")
-JOB_TIMEOUT = 90
+JOB_TIMEOUT = 180
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(400)
 
 
 def culprit_line(scenario: str) -> int:

@@ -26,6 +26,9 @@ STUCK_S = 1.5
 def dumper(rank, out, form, main_ident):
     """Dump when the main thread has been stuck on one instruction for a while (what a
     collective timeout would do), and again if it later gets stuck somewhere else."""
+    # torch's first dump in a process prepares stack symbolization for seconds (longer on a loaded
+    # machine): do it now, while the job runs, so that the dump at the hang is quick
+    torch._C._distributed_c10d._dump_fr_trace()
     last, since, dumped = None, time.time(), None
     while True:
         time.sleep(0.1)
@@ -104,7 +107,7 @@ def worker(rank, scenario, out, form, port):
     if scenario == "wrapped":  # ring buffers of different sizes, both too small for the job
         os.environ["TORCH_FR_BUFFER_SIZE"] = "20" if rank == 0 else "35"
     torch.manual_seed(rank)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=40))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=150))
     threading.Thread(target=dumper, args=(rank, out, form, threading.get_ident()), daemon=True).start()
     SCENARIOS[scenario](rank, torch.ones(4))
     time.sleep(60)
@@ -121,7 +124,7 @@ def main():
         p.start()
     expect = [r for r in range(WORLD) if not (scenario == "dead_rank" and r == 1)]
     suffix = ".json" if form == "json" else ""
-    deadline = time.time() + 40
+    deadline = time.time() + 140
     while time.time() < deadline:
         if all(os.path.exists(os.path.join(out, f"fr_trace_rank_{r}{suffix}")) for r in expect):
             time.sleep(1.0)  # a dump taken during a slow but legitimate wait is replaced by then
