@@ -21,6 +21,13 @@ import torch.multiprocessing as mp
 
 WORLD = 3
 STUCK_S = 1.5
+#: Set by the main thread where every rank arrives before the hang: a wait before that point
+#: (a slow peer on a loaded machine) is not the hang.
+ARMED = threading.Event()
+
+
+def arm():
+    ARMED.set()
 
 
 def dumper(rank, out, form, main_ident):
@@ -29,6 +36,7 @@ def dumper(rank, out, form, main_ident):
     # torch's first dump in a process prepares stack symbolization for seconds (longer on a loaded
     # machine): do it now, while the job runs, so that the dump at the hang is quick
     torch._C._distributed_c10d._dump_fr_trace()
+    ARMED.wait()
     last, since, dumped = None, time.time(), None
     while True:
         time.sleep(0.1)
@@ -52,6 +60,7 @@ def dumper(rank, out, form, main_ident):
 def divergent(rank, t):
     for _ in range(5):
         dist.all_reduce(t)
+    arm()
     if rank == 0:
         dist.all_reduce(t)  # culprit: divergent (only rank 0 makes this call)
     dist.barrier()
@@ -60,6 +69,7 @@ def divergent(rank, t):
 def skipped_barrier(rank, t):
     for _ in range(4):
         dist.all_reduce(t)
+    arm()
     if rank != 2:
         dist.barrier()
     dist.all_reduce(t)  # culprit: skipped_barrier (rank 2 skipped the barrier and waits here)
@@ -70,6 +80,7 @@ def mismatch(rank, t):
     x = torch.ones(2, 4) if rank == 1 else torch.ones(8)
     dist.all_reduce(x)  # culprit: mismatch (rank 1 passes [2, 4], the others [8]; same bytes: gloo says nothing)
     dist.all_reduce(t)
+    arm()
     dist.barrier()
     time.sleep(30)
 
@@ -77,6 +88,7 @@ def mismatch(rank, t):
 def dead_rank(rank, t):
     for _ in range(3):
         dist.all_reduce(t)
+    arm()
     if rank == 1:
         os.kill(os.getpid(), signal.SIGSTOP)  # frozen like a dead node: sockets stay open, no dump
     dist.all_reduce(t)  # culprit: dead_rank (ranks 0 and 2 wait here for rank 1)
@@ -85,7 +97,9 @@ def dead_rank(rank, t):
 def uneven_ddp(rank, t):
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
     batches = [torch.randn(8, 4) for _ in range(3 if rank == 1 else 4)]
-    for x in batches:
+    for i, x in enumerate(batches):
+        if i == len(batches) - 1:
+            arm()
         loss = model(x).sum()
         loss.backward()  # ranks 0 and 2 wait in a gradient all-reduce rank 1 never joins
     dist.barrier()  # culprit: uneven_ddp (rank 1 ran out of batches)
@@ -94,6 +108,7 @@ def uneven_ddp(rank, t):
 def wrapped(rank, t):
     for _ in range(60):
         dist.all_reduce(t)
+    arm()
     if rank == 0:
         dist.all_reduce(t)  # culprit: wrapped (only rank 0 makes this call)
     dist.barrier()
@@ -126,9 +141,9 @@ def main():
     suffix = ".json" if form == "json" else ""
     deadline = time.time() + 140
     while time.time() < deadline:
-        if all(os.path.exists(os.path.join(out, f"fr_trace_rank_{r}{suffix}")) for r in expect):
-            time.sleep(1.0)  # a dump taken during a slow but legitimate wait is replaced by then
-            break
+        paths = [os.path.join(out, f"fr_trace_rank_{r}{suffix}") for r in expect]
+        if all(os.path.exists(p) for p in paths) and time.time() - max(os.path.getmtime(p) for p in paths) > 3:
+            break  # every dump written, none rewritten for 3 s (a rank stuck twice dumps twice)
         if any(p.exitcode not in (None, 0) for p in procs):
             break
         time.sleep(0.1)
