@@ -66,8 +66,8 @@ _C_LINE = re.compile(rb'^\{"t":"c","g":("(?:[^"\\]|\\.)*"),"s":([0-9]+),')
 NO_STACK = "(no stack in the dump)"
 
 
-#: ddpdoctor's own frames (dumps taken under ``ddpdoctor trace``).
-_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: ddpdoctor's own frames (dumps taken under ``ddpdoctor trace``): the whole package.
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _is_library(filename: str) -> bool:

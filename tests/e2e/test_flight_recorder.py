@@ -269,7 +269,7 @@ def test_traced_hang_also_leaves_each_ranks_flight_recorder_dump(tmp_path):
     waiting) is ended once both dumps are there."""
     from conftest import torchrun
 
-    cases = ROOT / "tests" / "hang_programs" / "cases.py"
+    cases = ROOT / "tests" / "e2e" / "hang_programs" / "cases.py"
     out = tmp_path / "t"
     env = dict(os.environ, EXAMPLE_PG_TIMEOUT="60", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([PY, "-m", "ddpdoctor", "trace", "--out", str(out), "--hang-timeout", "3",
