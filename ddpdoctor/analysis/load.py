@@ -9,7 +9,6 @@ Corrupt or truncated lines are skipped and counted, never fatal.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import zlib
@@ -18,7 +17,18 @@ from dataclasses import dataclass, field
 
 from ..errors import TraceError
 from ..trace import ops
-from ..trace.files import PREFIX, SCHEMA_VERSION, STACKS_SUFFIX, SUFFIX, open_regular
+from ..trace.files import PREFIX, SCHEMA_VERSION, SUFFIX, open_regular
+from .conform import (
+    HEADER_TYPES,
+    RARE_TYPES,
+    bounded_lines,
+    conform,
+    conform_site,
+    header_valid,
+    parse_line,
+    well_typed,
+)
+from .sidecars import read_sidecars
 
 #: Sequence events per digest block.
 BLOCK = 256
@@ -34,76 +44,8 @@ _RARE = frozenset({"pg", "init", "file", "file_cap", "seed", "split", "sampler",
 #: always summarised (RankTrace.async_waits), never kept one by one.
 RARE_CAP = 100000
 _UNCAPPED = frozenset({"exit", "hang", "pending", "init", "pg", "file_cap"})
-#: Longest line read as a record; no writer makes longer ones, so a longer line is corrupt (and
-#: reading it whole would cost memory and time without bound).
-MAX_LINE = 1 << 20
-#: Largest world size believed from a header (anything larger is a damaged or hostile file).
-MAX_WORLD = 1 << 20
-_INT_LIMIT = 1 << 62
-
-
 #: Ops counted as barriers (RankTrace.after_barrier).
 BARRIER_OPS = ops.BARRIER_OPS
-# Fields whose type the loader relies on; a record with another type there is skipped as corrupt.
-_TYPED = (("t", str), ("op", str), ("g", str), ("ch", str), ("d", int), ("ts", (int, float)),
-          ("s", int), ("site", (int, type(None))))
-
-
-def _well_typed(rec: dict) -> bool:
-    """The fields the loader computes with have their type (null only for ``site``), and their
-    numbers are finite and of sane magnitude."""
-    for key, typ in _TYPED:
-        if key not in rec:
-            continue
-        v = rec[key]
-        if v is None and key == "site":
-            continue
-        if not isinstance(v, typ):
-            return False
-        if typ is not str and not (-_INT_LIMIT < v < _INT_LIMIT and (type(v) is not float or math.isfinite(v))):
-            return False
-    return True
-
-
-# A lone UTF-16 surrogate, escaped (\ud800) or as raw bytes: json.loads accepts both, and such a
-# string cannot be encoded again (UnicodeEncodeError wherever it is written or hashed).
-_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
-
-
-def parse_line(raw: bytes):
-    """One record line decoded: json.loads, with lone surrogates replaced by U+FFFD.
-    Raises ValueError (not JSON, not UTF-8) or RecursionError (absurd nesting)."""
-    rec = json.loads(raw)
-    if _SURROGATE.search(raw) is not None:
-        text = json.dumps(rec, ensure_ascii=False).encode("utf-8", "replace").decode("utf-8")
-        rec = json.loads(text)
-    return rec
-
-
-def bounded_lines(f):
-    """The lines of a binary file, each at most MAX_LINE bytes: an over-long line is yielded as
-    one ``None`` (the caller counts it as corrupt) and its remainder skipped. A last line without
-    its newline is yielded as read (truncated). Yields (offset of the line, line or None)."""
-    offset = 0
-    skipping = False
-    readline = f.readline
-    limit = MAX_LINE + 1
-    while True:
-        raw = readline(limit)
-        if not raw:
-            return
-        start = offset
-        offset += len(raw)
-        if skipping:
-            skipping = not raw.endswith(b"\n")
-            continue
-        if len(raw) == limit and not raw.endswith(b"\n"):
-            skipping = True
-            yield start, None
-            continue
-        yield start, raw
-
-
 #: Fast path for ``c`` records (most of a trace): lines that differ only in the values of
 #: ``s``, ``ts``, ``d`` (and ``step``) share one *shape*, decoded and checked once with json.loads
 #: (see _Shape.make); the other lines of a shape are matched by this pattern and never decoded.
@@ -333,7 +275,7 @@ def read_rank(path: str) -> RankTrace:
             except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
                 rt.bad_lines += 1
                 continue
-            if not isinstance(rec, dict) or not _well_typed(rec):
+            if not isinstance(rec, dict) or not well_typed(rec):
                 rt.bad_lines += 1
                 continue
             t = rec.get("t")
@@ -406,7 +348,7 @@ def read_rank(path: str) -> RankTrace:
                 if end > rt.last_ts:
                     rt.last_ts = end
             elif t == "site":
-                if _conform_site(rec):
+                if conform_site(rec):
                     rt.sites[rec.get("id")] = rec
                 else:
                     rt.bad_lines += 1
@@ -427,7 +369,7 @@ def read_rank(path: str) -> RankTrace:
                     rt.problems.append(f"{os.path.basename(path)}: second header ignored")
                 else:
                     rec.pop("_groups", None)  # the loader's own key, never the file's
-                    _conform(rec, _HEADER_TYPES)
+                    conform(rec, HEADER_TYPES)
                     rt.header = dict(rt.header, **rec)
             elif t in _RARE:
                 if t == "w":
@@ -445,8 +387,8 @@ def read_rank(path: str) -> RankTrace:
                     if k in pending_waits:
                         rt.waited.add(k)
                 elif t in _UNCAPPED:
-                    if t in _RARE_TYPES:
-                        _conform(rec, _RARE_TYPES[t])
+                    if t in RARE_TYPES:
+                        conform(rec, RARE_TYPES[t])
                         if t == "exit" and "inflight" in rec:
                             rec["inflight"] = [i for i in rec["inflight"] if isinstance(i, list) and len(i) >= 5]
                     rt.rare.append(rec)
@@ -456,8 +398,8 @@ def read_rank(path: str) -> RankTrace:
                     n = rare_counts.get(t, 0)
                     rare_counts[t] = n + 1
                     if n < RARE_CAP:
-                        if t in _RARE_TYPES:
-                            _conform(rec, _RARE_TYPES[t])
+                        if t in RARE_TYPES:
+                            conform(rec, RARE_TYPES[t])
                         rt.rare.append(rec)
                     else:
                         rt.dropped[t] = rt.dropped.get(t, 0) + 1
@@ -469,7 +411,7 @@ def read_rank(path: str) -> RankTrace:
                     rt.header.setdefault("_groups", {})[rec.get("g")] = ranks
             else:
                 rt.bad_lines += 0  # unknown record types from newer writers are skipped
-    _read_sidecars(rt, path)
+    read_sidecars(rt, path)
     for gs in rt.groups.values():
         if gs.blocks:
             gs.blocks[-1][0], gs.blocks[-1][1] = gs._op, gs._sig
@@ -488,7 +430,7 @@ def read_rank(path: str) -> RankTrace:
         rt.tail.extend(tail)
     if rt.header.get("t") != "header":
         rt.header = {}  # only groups seen, no header record
-    if rt.header and not _header_valid(rt.header):
+    if rt.header and not header_valid(rt.header):
         rt.problems.append(f"{os.path.basename(path)}: header with a missing or invalid "
                            f"schema/run/rank/world/attempt; file ignored")
         rt.header = {}
@@ -510,70 +452,6 @@ def read_rank(path: str) -> RankTrace:
         rt.problems.append(f"{os.path.basename(path)}: last line truncated (the rank was killed "
                            "while writing); read up to it")
     return rt
-
-
-_NUM = (int, float)
-_STR = (str,)
-#: Optional header fields and their types: a field of another type is dropped (reported as
-#: absent), so that no renderer meets a number where it expects a list.
-_HEADER_TYPES = {"host": _STR, "torch": _STR, "backend": _STR, "python": _STR, "tool": _STR,
-                 "argv": (list,), "wall0": _NUM, "pid": (int,), "local_rank": (int,),
-                 "pg_timeout_s": _NUM + (type(None),), "hang_timeout_s": _NUM + (type(None),)}
-#: Container fields of rare records that checks iterate: one of another type is dropped.
-_RARE_TYPES = {"exit": {"inflight": (list,), "stack": (list,), "exc": _STR, "how": _STR, "file": _STR,
-                        "line": (int,), "func": _STR, "seq": (dict,)},
-               "pg": {"ranks": (list,), "op": _STR},
-               "file": {"pos": (dict,), "done": (dict,), "path": _STR, "to": _STR, "op": _STR},
-               "hang": {"status": (dict,), "diag": (dict,), "role": _STR},
-               "sampler": {"created": (int, type(None))}}
-_SITE_TYPES = {"file": _STR, "line": (int,), "func": _STR, "src": _STR, "stack": (list,),
-               "conds": (list,), "via": _STR}
-
-
-def _conform(rec: dict, types: dict) -> None:
-    """Drop the fields of ``rec`` whose type is not the one readers rely on; numbers must be
-    finite and of sane magnitude, lists hold only plain values."""
-    for key, typ in types.items():
-        if key not in rec:
-            continue
-        v = rec[key]
-        ok = isinstance(v, typ) and not (isinstance(v, bool) and bool not in typ)
-        if ok and isinstance(v, (int, float)) and not isinstance(v, bool):
-            ok = -_INT_LIMIT < v < _INT_LIMIT and (type(v) is not float or math.isfinite(v))
-        if ok and key == "argv":
-            ok = all(isinstance(a, str) for a in v)
-        if not ok:
-            del rec[key]
-
-
-def _frame_ok(fr) -> bool:
-    return (isinstance(fr, list) and len(fr) >= 4 and isinstance(fr[0], str) and type(fr[1]) is int
-            and all(isinstance(x, str) for x in fr[2:4]))
-
-
-def _conform_site(rec: dict) -> bool:
-    """A call-site record readers can use: an integer id; wrong-typed fields, malformed stack
-    frames and branch conditions dropped."""
-    if type(rec.get("id")) is not int:
-        return False
-    _conform(rec, _SITE_TYPES)
-    if "stack" in rec:
-        rec["stack"] = [fr for fr in rec["stack"] if _frame_ok(fr)]
-    if "conds" in rec:
-        rec["conds"] = [c for c in rec["conds"] if _frame_ok(c)]
-    return True
-
-
-def _header_valid(h: dict) -> bool:
-    """Header fields every reader computes with: integers in range, a string run id."""
-    def nat(key, hi=_INT_LIMIT, default=0):
-        v = h.get(key, default)
-        return type(v) is int and 0 <= v < hi
-
-    run = h.get("run", "")
-    return (nat("schema") and nat("rank", MAX_WORLD, -1) and nat("world", MAX_WORLD + 1)
-            and nat("attempt") and isinstance(run, (str, type(None)))
-            and isinstance(h.get("_groups", {}), dict))
 
 
 def iter_records(path: str, offset: int = 0, contains: bytes | None = None):
@@ -613,52 +491,3 @@ def read_group_events(path: str, group: str, offset: int, limit: int) -> list[di
     return out
 
 
-_FATAL = re.compile(r"^Fatal Python error: (.+)$", re.M)
-_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+)$', re.M)
-_LIBRARY_PARTS = ("/site-packages/", "/dist-packages/", "/ddpdoctor/", "/lib/python3", "<frozen")
-
-
-def _read_sidecars(rt: RankTrace, path: str) -> None:
-    """What a rank that died in C++ left beside its trace: the call it was inside (the
-    memory-mapped in-flight file) and, from faulthandler, the fatal error and its stack."""
-    from ..trace import inflight as inflightfile
-
-    base = path[: -len(SUFFIX)]
-    line = inflightfile.read(base + inflightfile.SUFFIX)
-    if line:
-        try:
-            rec = parse_line(line.encode("utf-8", "replace"))
-        except (ValueError, RecursionError):
-            rec = None
-        if isinstance(rec, dict) and rec.get("t") == "c" and isinstance(rec.get("s"), int):
-            gs = rt.groups.get(rec.get("g", "0"))
-            if rec["s"] > (gs.count if gs is not None else 0):
-                rt.rare.append(dict(rec, t="pending", src="inflight"))
-        elif isinstance(rec, dict) and rec.get("t") == "stopped":
-            # outfault: the rank could not write its trace any more and ran on untraced
-            rt.output_fault = rec
-            ex = rec.get("exit")
-            if isinstance(ex, dict) and ex.get("t") == "exit" and rt.exit_record() is None:
-                rt.rare.append(dict(ex, src="inflight"))
-    if rt.exit_record() is not None:
-        return
-    try:
-        with open_regular(base + STACKS_SUFFIX) as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > 200000:
-                f.seek(size - 200000)
-            text = f.read(200000).decode("utf-8", "replace")
-    except OSError:
-        return
-    fatal = list(_FATAL.finditer(text))
-    if not fatal:
-        return
-    block = text[fatal[-1].start():]
-    current = block.find("Current thread")
-    frames = _FRAME.findall(block[current:] if current >= 0 else block)
-    user = next((f for f in frames if not any(p in f[0] for p in _LIBRARY_PARTS)), None)
-    rec = {"t": "exit", "how": "crash", "exc": f"Fatal Python error: {fatal[-1].group(1).strip()}",
-           "ts": rt.last_ts, "src": "faulthandler"}
-    if user:
-        rec.update(file=user[0], line=int(user[1]), func=user[2].strip())
-    rt.rare.append(rec)

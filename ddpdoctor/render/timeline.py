@@ -311,7 +311,8 @@ def _stream_rank(out: _Writer, rt, pid: int, offset_us: int, window, findings: l
     open_calls: dict[tuple, dict] = {}  # (g, s, op) -> pending record, until the call completes
     exit_rec: dict | None = None
     last_ts = 0
-    from ..analysis.load import bounded_lines, open_regular, parse_line
+    from ..analysis.conform import bounded_lines, parse_line
+    from ..trace.files import open_regular
 
     try:
         f = open_regular(rt.path)  # a regular file only, read in lines of bounded length
