@@ -2,7 +2,7 @@
 
     python -m bench                      # everything (about 10-15 minutes on 2 cores)
     python -m bench --quick              # smaller counts, fewer repetitions (a few minutes)
-    python -m bench --only overhead,hang # a subset: overhead train hang report size (or 1-5)
+    python -m bench --only overhead,hang # a subset: overhead train hang report size instructions (or 1-6)
 
 See bench/README.md for what each figure means and its target.
 """
@@ -18,10 +18,10 @@ import time
 
 from tabulate import tabulate
 
-from . import hang, overhead, scale
+from . import hang, instructions, overhead, scale
 from .common import BENCH, Row, loadavg, machine
 
-FIGURES = {"1": "overhead", "2": "train", "3": "hang", "4": "report", "5": "size"}
+FIGURES = {"1": "overhead", "2": "train", "3": "hang", "4": "report", "5": "size", "6": "instructions"}
 NAMES = set(FIGURES.values())
 
 
@@ -33,7 +33,7 @@ def _parse_only(text: str | None) -> set[str]:
         part = part.strip()
         name = FIGURES.get(part, part)
         if name not in NAMES:
-            raise SystemExit(f"--only: unknown figure {part!r} (choose from {', '.join(sorted(NAMES))} or 1-5)")
+            raise SystemExit(f"--only: unknown figure {part!r} (choose from {', '.join(sorted(NAMES))} or 1-6)")
         out.add(name)
     return out
 
@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="reduced counts and repetitions")
-    ap.add_argument("--only", help="comma-separated subset: overhead, train, hang, report, size (or 1-5)")
+    ap.add_argument("--only", help="comma-separated subset: overhead, train, hang, report, size, "
+                                         "instructions (or 1-6)")
     ap.add_argument("--reps", type=int, default=None, help="repetitions of the overhead runs (default 3; quick 2)")
     ap.add_argument("--hang-reps", type=int, default=None, help="repetitions per hang size (default 2; quick 1)")
     ap.add_argument("--json", default=None, help="where to write the JSON (default bench/results.json, "
@@ -120,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         r, raw["report"] = scale.run(args.quick, log=log)
         rows += r
         loads += [x["loadavg"] for x in raw["report"]["results"]]
+    if "instructions" in only:
+        log("[6] instructions and syscalls per call (callgrind, strace), plain vs ddpdoctor")
+        r, raw["instructions"] = instructions.run(args.quick, log=log)
+        rows += r
     loads.append(loadavg())
     duration = time.monotonic() - t0
     rows.sort(key=lambda x: x.figure)
