@@ -16,10 +16,44 @@ import traceback
 
 from . import settings as settings_mod
 from .callsite import SiteTable
+from .mappedtrace import MappedTraceWriter
 from .tracefile import SCHEMA_VERSION, TraceWriter, dumps, hostname, trace_file_name
 
 _recorder: Recorder | None = None
 _lock = threading.Lock()
+
+
+#: Threads of this process inside a patched call that records its own event (``depth`` > 0).
+#: A one-item list, not a class attribute: setting an attribute of a class raises an audit
+#: event and invalidates the type's caches.
+BUSY = [0]
+_busy_lock = threading.Lock()
+
+
+class _ThreadState(threading.local):
+    """Per-thread state; class attributes are the defaults.
+
+    ``depth`` > 0 while a thread is inside a patched call that records its own event (DDP's
+    constructor, init_process_group...): collectives it issues are not events. Reading a
+    thread-local costs ~1k instructions (callgrind), so the collective wrappers read it only
+    while ``BUSY[0]`` is non-zero; setting ``depth`` is rare and keeps that count."""
+
+    depth = 0
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "depth" and bool(value) != bool(self.depth):
+            with _busy_lock:
+                BUSY[0] += 1 if value else -1
+        threading.local.__setattr__(self, name, value)
+
+
+def _fresh_busy_lock() -> None:  # a fork may copy the lock held by another thread
+    global _busy_lock
+    _busy_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_busy_lock)
 
 
 def get() -> Recorder | None:
@@ -52,7 +86,7 @@ class Recorder:
         self.group_names: dict[int, str] = {}  # id(ProcessGroup) -> name
         self.group_ranks: dict[str, list[int]] = {}
         self.inflight: dict[int, tuple] = {}  # thread id -> (op, group, seq, site, start_us)
-        self.local = threading.local()  # .depth: nesting of patched calls on this thread
+        self.local = _ThreadState()  # .depth: nesting of patched calls on this thread
         # id(Work) -> (op, group, seq, site, p2p wait-record tag, weakref to the Work)
         self.async_pending: dict[int, tuple] = {}
         self.ddp_refs: list = []  # weak references to DDP modules (see patch_ddp)
@@ -74,11 +108,31 @@ class Recorder:
         w = self.writer
         if w is not None:
             try:
-                w.write_line(line)
+                if w.closed:
+                    return
+                try:
+                    w.append((line + "\n").encode("utf-8", "backslashreplace"))
+                except AttributeError:  # the write-per-record writer
+                    w.write_line(line)
             except OSError as exc:
                 self.internal_error(exc)
         elif self.enabled and len(self._pending) < 10000:
             self._pending.append(line)
+
+    def emit_bytes(self, data: bytes) -> None:
+        """An encoded record with its newline (the hot path's fallback, see patch_dist)."""
+        w = self.writer
+        if w is not None:
+            try:
+                append = getattr(w, "append", None)
+                if append is not None:
+                    append(data)
+                else:
+                    w.write_line(data[:-1].decode("utf-8", "replace"))
+            except OSError as exc:
+                self.internal_error(exc)
+        elif self.enabled and len(self._pending) < 10000:
+            self._pending.append(data[:-1].decode("utf-8", "replace"))
 
     def open_trace(self, rank: int, world: int, backend: str, timeout_s: float | None,
                    local_rank: int | None = None) -> None:
@@ -92,7 +146,12 @@ class Recorder:
             attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
             host = hostname()
             path = os.path.join(out, trace_file_name(rank, host, os.getpid(), attempt))
-            self.writer = TraceWriter(path)
+            try:
+                # Records are stores into mapped memory (see mappedtrace); a file system that
+                # cannot reserve or map gets the write-per-record writer.
+                self.writer = MappedTraceWriter(path)
+            except (OSError, ValueError):
+                self.writer = TraceWriter(path)
         except OSError as exc:
             self.internal_error(exc)
             return
