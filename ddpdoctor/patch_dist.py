@@ -19,7 +19,6 @@ import weakref
 
 from . import describe
 from . import recorder as recorder_mod
-from .recorder import BUSY as _BUSY
 
 _PATCHED_MARK = "__ddpdoctor_wrapped__"
 _get_ident = threading.get_ident
@@ -311,8 +310,7 @@ def _make_collective(op: str, orig, spec):
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
         rec = recorder_mod._recorder
-        if rec is None or not rec.enabled or (_BUSY[0] and rec.local.depth) or _dyn() \
-                or _tc._is_compiling_flag:
+        if rec is None or not rec.enabled or rec.local.depth or _dyn() or _tc._is_compiling_flag:
             return orig(*args, **kwargs)  # not tracing, nested in a patched call, or compiling
         tid = _get_ident()
         if tid in rec.inflight:  # inside another recorded call (all_gather_object -> all_gather)

@@ -23,37 +23,16 @@ _recorder: Recorder | None = None
 _lock = threading.Lock()
 
 
-#: Threads of this process inside a patched call that records its own event (``depth`` > 0).
-#: A one-item list, not a class attribute: setting an attribute of a class raises an audit
-#: event and invalidates the type's caches.
-BUSY = [0]
-_busy_lock = threading.Lock()
-
-
 class _ThreadState(threading.local):
-    """Per-thread state; class attributes are the defaults.
+    """Per-thread state; class attributes are the defaults, so the hot path reads
+    ``rec.local.depth`` without ``getattr(..., default)``.
 
     ``depth`` > 0 while a thread is inside a patched call that records its own event (DDP's
-    constructor, init_process_group...): collectives it issues are not events. Reading a
-    thread-local costs ~1k instructions (callgrind), so the collective wrappers read it only
-    while ``BUSY[0]`` is non-zero; setting ``depth`` is rare and keeps that count."""
+    constructor and forward, init_process_group...): collectives it issues are not events.
+    (A process-wide count of such threads, to skip this ~1k-instruction read, cost more than
+    it saved: a Python ``__setattr__`` on every DDP forward, measured with callgrind.)"""
 
     depth = 0
-
-    def __setattr__(self, name: str, value) -> None:
-        if name == "depth" and bool(value) != bool(self.depth):
-            with _busy_lock:
-                BUSY[0] += 1 if value else -1
-        threading.local.__setattr__(self, name, value)
-
-
-def _fresh_busy_lock() -> None:  # a fork may copy the lock held by another thread
-    global _busy_lock
-    _busy_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_busy_lock)
 
 
 def get() -> Recorder | None:
