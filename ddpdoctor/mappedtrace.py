@@ -38,15 +38,19 @@ class MappedTraceWriter:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        # Appends to an existing file (a second recording session of the same process).
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.closed = False
         self._lock = threading.Lock()
         self._base = 0  # file offset of the current chunk
         self.mm: mmap.mmap | None = None
         self._fallback = False  # reservation failed: plain appends from here on
         try:
-            self._map(0)
-        except OSError:
+            end = os.fstat(self.fd).st_size
+            base = end - end % mmap.ALLOCATIONGRANULARITY  # mappings start on a page boundary
+            self._map(base)
+            self.mm.seek(end - base)
+        except (OSError, ValueError):
             os.close(self.fd)
             raise
 
