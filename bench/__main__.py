@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", default=None, help="where to write the markdown (default bench/RESULTS.md, "
                                                      "bench/RESULTS-quick.md with --quick)")
     ap.add_argument("--strict", action="store_true", help="exit 1 when any target is missed")
+    ap.add_argument("--instr-watchdog", action="store_true",
+                    help="fig. 6: count with the hang watchdog on (a per-second cost; see bench/instructions.py)")
     args = ap.parse_args(argv)
     only = _parse_only(args.only)
     reps = args.reps or (2 if args.quick else 3)
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         loads += [x["loadavg"] for x in raw["report"]["results"]]
     if "instructions" in only:
         log("[6] instructions and syscalls per call (callgrind, strace), plain vs ddpdoctor")
-        r, raw["instructions"] = instructions.run(args.quick, log=log)
+        r, raw["instructions"] = instructions.run(args.quick, log=log, watchdog=args.instr_watchdog)
         rows += r
     loads.append(loadavg())
     duration = time.monotonic() - t0

@@ -6,8 +6,8 @@ hardly depend on the machine's load; ``strace -f`` counts the syscalls, which ca
 out. Method (bench/instrprog.py): per call = (count of a loop of N2 calls - count of a loop of
 N1 calls) / (N2 - N1), both loops in the same process after a warm-up, cut apart by marker
 calls. Each configuration runs plain and under ddpdoctor (the real injection,
-``launcher.child_env``: the bootstrap, the hang watchdog at its default timeout, file
-recording), with ``OMP_NUM_THREADS=1``.
+``launcher.child_env``: the bootstrap and file recording; the hang watchdog off, see WATCHDOG),
+with ``OMP_NUM_THREADS=1``.
 
 - One-element collectives and the DDP step run with world size 1 (one gloo rank: no network
   wait in the count).
@@ -55,22 +55,32 @@ def available() -> str | None:
     return None
 
 
-def _env(traced: bool, trace_dir: str) -> dict[str, str]:
+#: The hang watchdog wakes up twice a second whatever the program does, so its cost is per
+#: second of wall time, not per call. Under callgrind a call takes ~50x longer than it does
+#: natively, so counted per call the watchdog looks ~50x more expensive than it is, by an amount
+#: that moves with the machine's load (the DDP step: +20k to +60k instructions). The per-call
+#: counts are therefore taken with the watchdog off (``--hang-timeout 0``) unless
+#: ``watchdog=True`` (``python -m bench --instr-watchdog``).
+WATCHDOG = False
+
+
+def _env(traced: bool, trace_dir: str, watchdog: bool = WATCHDOG) -> dict[str, str]:
     env = plain_env()
     env["OMP_NUM_THREADS"] = "1"
     if traced:
         from ddpdoctor import launcher, settings
 
-        env = launcher.child_env(trace_dir, settings.DEFAULT_HANG_TIMEOUT, "report", base=env)
+        env = launcher.child_env(trace_dir, settings.DEFAULT_HANG_TIMEOUT if watchdog else 0.0, "report",
+                                 base=env)
     return env
 
 
 def _run_config(tool: str, world: int, ops: tuple[str, ...], traced: bool, quick: bool,
-                timeout: float) -> dict:
+                timeout: float, watchdog: bool = WATCHDOG) -> dict:
     """One process group (1 or 2 ranks), rank 0 under ``tool``; returns {op: per-call count}."""
     work = tempfile.mkdtemp(prefix=f"ddpdoctor-bench-{tool}-")
     try:
-        env = _env(traced, os.path.join(work, "traces"))
+        env = _env(traced, os.path.join(work, "traces"), watchdog)
         n1, n2 = COUNTS[quick]
         port = free_port()
         args = ["--world", str(world), "--port", str(port), "--ops", ",".join(ops), "--n1", str(n1),
@@ -151,7 +161,7 @@ def _strace_parts(path: str) -> list[int]:
     return out
 
 
-def run(quick: bool, log=print) -> tuple[list[Row], dict]:
+def run(quick: bool, log=print, watchdog: bool = WATCHDOG) -> tuple[list[Row], dict]:
     why = available()
     if why:
         log(f"  skipped: {why}")
@@ -165,21 +175,22 @@ def run(quick: bool, log=print) -> tuple[list[Row], dict]:
     results: dict = {}
     # Two at a time: each callgrind run is one busy core for a few minutes.
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futs = {job: pool.submit(_run_config, *job, quick, timeout) for job in jobs}
+        futs = {job: pool.submit(_run_config, *job, quick, timeout, watchdog) for job in jobs}
         for (tool, world, ops, traced), fut in futs.items():
             r = fut.result()
             results.setdefault(tool, {}).setdefault("traced" if traced else "plain", {}).update(
                 r if "error" not in r else {op: {"error": r["error"]} for op in ops})
             log(f"  {tool:9s} world {world} {'traced' if traced else 'plain ':6s}: "
                 + (r["error"] if "error" in r else ", ".join(f"{op} {v['per_call']:,.0f}" for op, v in r.items())))
-    return _rows(results), results
+    results["watchdog"] = watchdog
+    return _rows(results, watchdog), results
 
 
 def _fmt(n: float) -> str:
     return f"{n / 1e6:.3f}M" if abs(n) >= 1e6 else f"{n / 1e3:.1f}k"
 
 
-def _rows(results: dict) -> list[Row]:
+def _rows(results: dict, watchdog: bool = WATCHDOG) -> list[Row]:
     rows = []
     cg, st = results.get("callgrind", {}), results.get("strace", {})
     for op in OPS_WS1 + OPS_WS2:
@@ -188,6 +199,8 @@ def _rows(results: dict) -> list[Row]:
         target = TARGETS.get(op)
         unit = "step" if op in ("ddp", "fsdp2") else "call"
         notes = []
+        if not watchdog:
+            notes.append("hang watchdog off (a per-second cost, see bench/instructions.py)")
         if "per_call" in sp and "per_call" in stt:
             notes.append(f"syscalls/{unit} {sp['per_call']:.1f} plain, {stt['per_call']:.1f} traced")
         if "per_call" in p and "per_call" in t:
