@@ -2,7 +2,7 @@
 
     python -m bench                      # everything (about 10-15 minutes on 2 cores)
     python -m bench --quick              # smaller counts, fewer repetitions (a few minutes)
-    python -m bench --only overhead,hang # a subset: overhead train hang report size lint (or 1-6)
+    python -m bench --only overhead,hang # a subset: overhead train hang report size lint fr instructions (or 1-8)
 
 See bench/README.md for what each figure means and its target.
 """
@@ -18,10 +18,11 @@ import time
 
 from tabulate import tabulate
 
-from . import fr_scale, hang, lint_speed, overhead, scale
+from . import fr_scale, hang, instructions, lint_speed, overhead, scale
 from .common import BENCH, Row, loadavg, machine
 
-FIGURES = {"1": "overhead", "2": "train", "3": "hang", "4": "report", "5": "size", "6": "lint", "7": "fr"}
+FIGURES = {"1": "overhead", "2": "train", "3": "hang", "4": "report", "5": "size", "6": "lint", "7": "fr",
+           "8": "instructions"}
 NAMES = set(FIGURES.values())
 
 
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="reduced counts and repetitions")
-    ap.add_argument("--only", help="comma-separated subset: overhead, train, hang, report, size, lint, fr (or 1-7)")
+    ap.add_argument("--only", help="comma-separated subset: overhead, train, hang, report, size, lint, fr, "
+                                         "instructions (or 1-8)")
     ap.add_argument("--reps", type=int, default=None, help="repetitions of the overhead runs (default 3; quick 2)")
     ap.add_argument("--hang-reps", type=int, default=None, help="repetitions per hang size (default 2; quick 1)")
     ap.add_argument("--json", default=None, help="where to write the JSON (default bench/results.json, "
@@ -73,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", default=None, help="where to write the markdown (default bench/RESULTS.md, "
                                                      "bench/RESULTS-quick.md with --quick)")
     ap.add_argument("--strict", action="store_true", help="exit 1 when any target is missed")
+    ap.add_argument("--instr-watchdog", action="store_true",
+                    help="fig. 6: count with the hang watchdog on (a per-second cost; see bench/instructions.py)")
     args = ap.parse_args(argv)
     only = _parse_only(args.only)
     reps = args.reps or (2 if args.quick else 3)
@@ -130,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         r, raw["fr"] = fr_scale.run(args.quick, log=log)
         rows += r
         loads += [x["loadavg"] for x in raw["fr"]["results"]]
+    if "instructions" in only:
+        log("[8] instructions and syscalls per call (callgrind, strace), plain vs ddpdoctor")
+        r, raw["instructions"] = instructions.run(args.quick, log=log, watchdog=args.instr_watchdog)
+        rows += r
     loads.append(loadavg())
     duration = time.monotonic() - t0
     rows.sort(key=lambda x: x.figure)

@@ -118,6 +118,15 @@ def _trace_file() -> str | None:
     return getattr(w, "path", None)
 
 
+def _trace_size(path: str | None) -> int:
+    """Bytes of records in this rank's trace file so far: a mapped trace file is longer than
+    its records while it is written (reserved space, see ddpdoctor/mappedtrace.py)."""
+    rec_mod = sys.modules.get("ddpdoctor.rank.recorder")
+    w = getattr(rec_mod.get() if rec_mod is not None else None, "writer", None)
+    size = getattr(w, "size", None)
+    return size() if size is not None else (os.path.getsize(path) if path else 0)
+
+
 def run_train(steps: int, ckpt_dir: str, ab: bool = False) -> dict:
     """A small DDP training loop: DistributedSampler + set_epoch, SGD, a checkpoint per epoch
     (rank 0 saves, then a barrier)."""
@@ -151,7 +160,7 @@ def run_train(steps: int, ckpt_dir: str, ab: bool = False) -> dict:
         step(x, y)
     dist.barrier()
     path = _trace_file()
-    size0 = os.path.getsize(path) if path else 0
+    size0 = _trace_size(path)
     ckpt = os.path.join(ckpt_dir, "ckpt.pt")
     c0, p0 = time.thread_time(), time.process_time()
     t0 = time.perf_counter()
@@ -168,7 +177,7 @@ def run_train(steps: int, ckpt_dir: str, ab: bool = False) -> dict:
     out = {"seconds": dt, "calls": done, "cpu_main": time.thread_time() - c0,
            "cpu_proc": time.process_time() - p0}
     if path:
-        out.update(trace_file=path, trace_from=size0, trace_to=os.path.getsize(path))
+        out.update(trace_file=path, trace_from=size0, trace_to=_trace_size(path))
     if ab:
         def block(b: int, per: int) -> None:
             sampler.set_epoch(2000 + b)

@@ -230,7 +230,9 @@ def read_rank(path: str) -> RankTrace:
                 rt.bad_lines += 1  # an over-long line
                 continue
             if not raw.endswith(b"\n"):
-                rt.truncated = True  # a rank killed mid-write: tolerated
+                # NUL bytes: space a mapped trace file had reserved but not yet filled when its
+                # rank died (see mappedtrace); anything else: a rank killed mid-write
+                rt.truncated = not raw.startswith(b"\0")
                 break
             m = None
             if fast_match is not None and raw.startswith(b'{"t":"c",'):

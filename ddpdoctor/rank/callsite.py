@@ -60,7 +60,7 @@ class SiteTable:
         # call. _codes holds every code object seen, so no identity in these keys is reused.
         self._codes: dict[int, object] = {}  # identity -> code
         self._lib: dict[int, bool] = {}  # identity of a code -> is a library frame
-        self._fast: dict[tuple, int] = {}  # (identity of code, f_lasti, ...) of user frames -> id
+        self._at: dict[tuple, int] = {}  # see at(): (code identity, f_lasti, caller's f_lasti) -> id
 
     def current(self, skip: int = 2) -> int:
         """Id of the call site of the caller's caller (frames of libraries skipped)."""
@@ -68,40 +68,64 @@ class SiteTable:
             f: FrameType | None = sys._getframe(skip)
         except ValueError:
             return -1
-        lib = self._lib
-        key: list = []
-        n = 0
-        while f is not None and n < STACK_DEPTH:
+        return self.at(f)
+
+    def at(self, f: FrameType) -> int:
+        """Id of the call site of a call made from frame ``f`` (library frames skipped).
+
+        The hot path of every recorded call, so the full walk (``_walk``: up to STACK_DEPTH user
+        frames, line numbers, the site record) runs once per key. The key is the first user
+        frame's code and instruction offset (an instruction maps to one line) plus the
+        instruction offset in *its* caller: a helper called from two lines of one function
+        gets two sites, as the divergence checks need (each context has its own branch
+        conditions). Only the caller's offset, not its code: ``f_code`` and ``sys._getframe``
+        each raise an audit event, a Python call into every audit hook (fileaudit's included),
+        while ``f_lasti``/``f_back`` do not. Callers further out are not in the key: the same
+        helper line reached through the same call line from two different grandparents is one
+        site, whose stack is the one seen first. Frames are classified by ``_is_library``
+        alone, once per code object."""
+        start = f
+        code = f.f_code
+        cid = _identity(code)
+        is_lib = self._lib.get(cid)
+        if is_lib is None:
+            is_lib = self._classify(code, cid)
+        while is_lib:  # a call made by a library (FSDP, DDP's join...): find the user's frame
+            b = f.f_back
+            if b is None:
+                break
+            f = b
             code = f.f_code
             cid = _identity(code)
-            is_lib = lib.get(cid)
+            is_lib = self._lib.get(cid)
             if is_lib is None:
                 is_lib = self._classify(code, cid)
-            if not is_lib:
-                key += (cid, f.f_lasti)  # an instruction maps to one line: the same site
-                n += 1
-            f = f.f_back
-        tkey = tuple(key)
-        sid = self._fast.get(tkey)
+        b = f.f_back
+        key = (cid, f.f_lasti, -1 if b is None else b.f_lasti)
+        sid = self._at.get(key)
         if sid is None:
-            sid = self._fast[tkey] = self._walk(skip + 1)
+            sid = self._walk(0, start)  # from the call itself: the library entry ("via") too
+            if len(self._at) < 100000:
+                self._at[key] = sid
         return sid
 
     def _classify(self, code, cid: int) -> bool:
         if len(self._codes) >= 100000:  # bounded; clearing all three keeps every key valid
-            self._fast.clear()
+            self._at.clear()
             self._lib.clear()
             self._codes.clear()
         self._codes[cid] = code
         is_lib = self._lib[cid] = _is_library(code.co_filename)
         return is_lib
 
-    def _walk(self, skip: int) -> int:
+    def _walk(self, skip: int, frame: FrameType | None = None) -> int:
         """``current`` by source line: interns the stack on first sight."""
-        try:
-            f: FrameType | None = sys._getframe(skip)
-        except ValueError:
-            return -1
+        f: FrameType | None = frame
+        if f is None:
+            try:
+                f = sys._getframe(skip)
+            except ValueError:
+                return -1
         key: list = []
         lib_frames: list = []
         n = 0

@@ -21,27 +21,25 @@ from faultkit import (
     traced,
 )
 
-PERF = pytest.mark.xfail(reason="fixed on the perf branch", strict=False)
-
 #: (case printed by the program, ranks that print it, marks)
 CELLS = [
-    ("before_init_all_reduce", (0, 1), (PERF,)),
+    ("before_init_all_reduce", (0, 1), ()),
     ("before_init_barrier", (0, 1), ()),
     ("before_init_get_rank", (0, 1), ()),
-    ("bad_op", (0, 1), (PERF,)),
-    ("unknown_keyword", (0, 1), (PERF,)),
-    ("broadcast_src_str", (0, 1), (PERF,)),
-    ("gather_dst_str", (0, 1), (PERF,)),
-    ("send_dst_str", (0, 1), (PERF,)),
-    ("broadcast_object_list_int", (0, 1), (PERF,)),
-    ("scatter_object_list_int", (0, 1), (PERF,)),
+    ("bad_op", (0, 1), ()),
+    ("unknown_keyword", (0, 1), ()),
+    ("broadcast_src_str", (0, 1), ()),
+    ("gather_dst_str", (0, 1), ()),
+    ("send_dst_str", (0, 1), ()),
+    ("broadcast_object_list_int", (0, 1), ()),
+    ("scatter_object_list_int", (0, 1), ()),
     ("all_gather_wrong_list", (0, 1), ()),
     ("invalid_group_object", (0, 1), ()),
     ("destroyed_group", (0, 1), ()),
-    ("timeout_all_reduce", (0,), (PERF,)),
-    ("dead_peer_all_reduce", (0,), (PERF,)),
+    ("timeout_all_reduce", (0,), ()),
+    ("dead_peer_all_reduce", (0,), ()),
     ("dead_peer_broadcast", (0,), ()),
-    ("after_destroy_all_reduce", (0,), (PERF,)),
+    ("after_destroy_all_reduce", (0,), ()),
     ("after_destroy_barrier", (0,), ()),
 ]
 
@@ -80,7 +78,6 @@ def test_results_exit_status_and_cleanup(runs):
     assert sorted(doc["run"]["ranks_found"]) == [0, 1]
 
 
-@PERF
 def test_no_internal_error_and_each_call_issued_once(runs):
     _plain, tr, out, _token = runs
     no_internal_error(tr)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
+import time
 import weakref
 import zlib
 
@@ -26,6 +27,7 @@ from . import WRAPPED
 _MARK = WRAPPED
 #: Identity without id(), which raises an audit event (a call into every audit hook) per use.
 _identity = object.__hash__
+_perf_ns = time.perf_counter_ns
 
 
 def fingerprint(params) -> str:
@@ -158,6 +160,8 @@ def patch() -> None:
             start = rec.now_us()
         except Exception as exc:
             rec.internal_error(exc)
+            seq = None
+        if seq is None:  # issued outside the handler: nothing of ours chained to its errors
             return orig_init(self, module, *args, **kwargs)
         key = ("ddp_init", id(self))
         rec.inflight[key] = InFlight("ddp_init", gname, seq, site, start)
@@ -202,11 +206,13 @@ def patch() -> None:
             gname = info["g"]
             site = rec.sites.current(2)
             seq = rec.next_seq(gname) if comm else 0
-            start = rec.now_us()
+            start = (_perf_ns() - rec.t0_ns) // 1000
             fkey = ("ddp_fwd", _identity(self))
             rec.inflight[fkey] = ("ddp_forward", gname, seq, site, start)
         except Exception as exc:
             rec.internal_error(exc)
+            fkey = None
+        if fkey is None:  # issued outside the handler: nothing of ours chained to its errors
             return orig_forward(self, *inputs, **kwargs)
         rec.local.depth = 1
         try:
@@ -230,7 +236,8 @@ def patch() -> None:
             extra += ',"grad":1' if grad else ""
             kind = "c" if comm else "e"
             rec.emit_line(f'{{"t":"{kind}","op":"ddp_forward","g":"{gname}","s":{seq},"ts":{start},'
-                          f'"d":{rec.now_us() - start},"site":{site},"step":{info["fwd"]}{extra}}}')
+                          f'"d":{(_perf_ns() - rec.t0_ns) // 1000 - start},"site":{site},'
+                          f'"step":{info["fwd"]}{extra}}}')
             rec.__dict__["_ddp_ptrs"]["dirty"] = True
             if grad and self.require_backward_grad_sync:
                 t = _first_grad_tensor(out)

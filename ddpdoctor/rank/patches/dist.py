@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import os
+import sys
 import threading
 import time
 import weakref
@@ -25,20 +25,35 @@ from . import WRAPPED
 _PATCHED_MARK = WRAPPED
 _get_ident = threading.get_ident
 _perf_ns = time.perf_counter_ns
-_write = os.write
+_getframe = sys._getframe
+#: An object's identity without id(), which raises an audit event (see callsite).
+_identity = object.__hash__
 
 
-try:  # whether torch.compile is tracing: a Python side effect there would break its graph
-    from torch.compiler import is_compiling as _compiling
-except ImportError:  # torch older than 2.3
-    def _compiling() -> bool:
-        return False
-_ASYNC = ',"async":1'
-#: Issue synchronous all_reduce calls asynchronously and record while they run (see
-#: _Call.run_overlapped); DDPDOCTOR_OVERLAP=0 turns it off.
-OVERLAP = os.environ.get("DDPDOCTOR_OVERLAP", "1") != "0"
+# Whether torch.compile or export is tracing: a Python side effect there would break its graph.
+# ``torch.compiler.is_compiling()`` is two Python calls (~2k instructions a collective, measured
+# with callgrind); ``is_dynamo_compiling()`` is one and Dynamo folds it to True while tracing,
+# so the flag behind is_compiling (set by export and by compile sessions) is read only eagerly.
+try:
+    import torch.compiler as _tc
 
-# op -> (primary tensor params, other tensor params, root params, object params), from the op table.
+    _dyn = _tc.is_dynamo_compiling
+    _tc._is_compiling_flag  # noqa: B018 - present in this torch
+except (ImportError, AttributeError):  # older torch
+    import types
+
+    _tc = types.SimpleNamespace(_is_compiling_flag=False)
+    try:
+        from torch.compiler import is_compiling as _dyn
+    except ImportError:
+        def _dyn() -> bool:
+            return False
+
+
+def _compiling() -> bool:
+    return _dyn() or _tc._is_compiling_flag
+
+# op -> (primary tensor params, other tensor params, root params, object params)
 # "primary" tensors are those every rank passes with the same metadata in a correct program.
 COLLECTIVES: dict[str, tuple[tuple, tuple, tuple, tuple]] = {
     op.name: (op.primary, op.other, op.roots, op.objects) for op in ops.COLLECTIVES}
@@ -69,110 +84,65 @@ def _signature(fn) -> tuple[list[str], dict[str, object]]:
     return params, defaults
 
 
-class _Call:
-    """Bookkeeping shared by all wrappers: depth guard, in-flight slot, event line."""
-
-    __slots__ = ()
-
-    @staticmethod
-    def failed(rec, exc: BaseException, begin: str, site, start: int, key: tuple) -> None:
-        """Record a call that raised (the exception itself propagates unchanged)."""
+def _failed(rec, exc: BaseException, begin: str, site, start: int, key: tuple) -> None:
+    """Record a call that raised. Called from the wrapper's ``except`` block, so it must never
+    raise itself: the user's exception propagates unchanged and unchained."""
+    try:
         rec.last_failed = key  # a hang that ends in an error is no "resolved"
         err = json.dumps(f"{type(exc).__name__}: {exc}"[:500])
         rec.emit_line(f'{begin},"d":{(_perf_ns() - start) // 1000},"site":{site},"err":{err}}}')
+    except Exception as exc2:  # noqa: BLE001 - bookkeeping must not replace the user's error
+        rec.internal_error(exc2)
 
-    @staticmethod
-    def done(rec, begin: str, site, start: int, start_us: int, op: str, gname: str, seq: int,
-             tail: str = "") -> None:
-        """Record a call that returned: one line, one ``os.write`` (inlined: the hot path)."""
+
+def _record(rec, ent: tuple, seq: int, orig, args, kwargs, frame, tid: int, extra: str = ""):
+    """Issue the user's call exactly once, recorded. Shared by every wrapper.
+
+    ``ent`` is what the call's arguments decide, encoded once and cached by the wrapper:
+    ``(group name, record text up to the sequence number, text after it, text after the site,
+    op, in the group's sequence?, async?, p2p message tag, objects the cache key refers to)``.
+
+    Profiled with callgrind (bench/instructions.py, docs in bench/README.md): the former path
+    cost ~70k instructions next to a ~60k-instruction 1-element gloo all_reduce: the call-site
+    walk (every ``f_code`` is an audit event), two in-flight records, a ``write`` syscall per
+    record, thread-local bookkeeping and formatting helpers. Here: a call-site lookup keyed by
+    instruction offsets, three f-strings over cached text, one store into the in-flight slot
+    and one into the mapped trace file (mappedtrace.py), no syscall. Nesting is told by this
+    thread's entry in ``rec.inflight`` (which the watchdog needs anyway), not a thread-local."""
+    # The call site, SiteTable.at inlined for the common hit (a user frame calling torch).
+    b = frame.f_back
+    sid = rec.sites._at.get((_identity(frame.f_code), frame.f_lasti, -1 if b is None else b.f_lasti))
+    site = rec.sites.at(frame) if sid is None else sid
+    start = _perf_ns()
+    ts = (start - rec.t0_ns) // 1000
+    begin = f'{ent[1]}{seq}{ent[2]}{extra},"ts":{ts}'
+    slot = rec.slot
+    if slot is not None:  # survives the process dying inside the call (see inflightfile)
+        slot.set(f'{begin},"site":{site}}}')
+    gname, op, iseq = ent[0], ent[4], seq if ent[5] else 0
+    inflight = rec.inflight
+    inflight[tid] = (op, gname, iseq, site, ts)
+    try:
+        result = orig(*args, **kwargs)
+    except BaseException as exc:
+        inflight.pop(tid, None)
+        _failed(rec, exc, begin, site, start, (op, gname, iseq, ts))
+        raise
+    try:
+        del inflight[tid]
         dur = (_perf_ns() - start) // 1000
-        line = f'{begin},"d":{dur},"site":{site}{tail}}}\n'
-        w = rec.writer
-        if w is not None and not w.closed:
-            try:
-                _write(w.fd, line.encode("utf-8", "backslashreplace"))
-            except OSError as exc:
-                rec.internal_error(exc)
-        else:
-            rec.emit_line(line[:-1])
+        data = f'{begin},"d":{dur},"site":{site}{ent[3]}}}\n'.encode("utf-8", "backslashreplace")
+        try:
+            rec.writer.mm.write(data)  # the mapped trace file: a memcpy, no syscall
+        except (AttributeError, ValueError):  # a full chunk, a plain writer, no file (yet)
+            rec.emit_bytes(data)
         rec.events += 1
-        rec.last_event = (op, gname, seq, site, start_us + dur)
-
-    @staticmethod
-    def begin(rec, kind: str, head: str, op: str, gname: str, seq: int, site, start_us: int) -> str:
-        """Mark the call in flight (watchdog, in-flight file); returns the record's first half."""
-        # InFlight's fields as a plain tuple: a named tuple costs 0.4 µs more on every call.
-        rec.inflight[_get_ident()] = (op, gname, seq, site, start_us)
-        begin = f'{{"t":"{kind}",{head},"ts":{start_us}'
-        slot = rec.slot
-        if slot is not None:  # survives the process dying inside the call (see inflightfile)
-            slot.set(f'{begin},"site":{site}}}')
-        return begin
-
-    @staticmethod
-    def run_overlapped(rec, local, orig, args, kwargs, head: str, gname: str, seq: int, op: str,
-                       apos: int):
-        """A synchronous call issued as ``async_op=True`` and waited for here: the same work,
-        result (None) and exceptions, but the call site and the record are made while the
-        collective is already on its way, off its critical path. torch's own synchronous path
-        is exactly ``work = ...; work.wait()``."""
-        start = _perf_ns()
-        start_us = (start - rec.t0_ns) // 1000
-        key = (op, gname, seq, start_us)
-        slot = rec.slot
-        if slot is not None:  # before the call: gloo can abort the process right after issue
-            slot.set(f'{{"t":"c",{head},"ts":{start_us},"site":-1}}')
-        local.depth = 1
-        try:
-            work = _issue_async(orig, args, kwargs, apos)
-        except BaseException as exc:  # refused before anything was sent (bad arguments...)
-            local.depth = 0
-            _Call.failed(rec, exc, f'{{"t":"c",{head},"ts":{start_us}', rec.sites.current(3), start, key)
-            raise
-        site = rec.sites.current(3)
-        begin = _Call.begin(rec, "c", head, op, gname, seq, site, start_us)
-        try:
-            if work is not None:
-                work.wait()
-        except BaseException as exc:
-            local.depth = 0
-            rec.inflight.pop(_get_ident(), None)
-            _Call.failed(rec, exc, begin, site, start, key)
-            raise
-        local.depth = 0
-        del rec.inflight[_get_ident()]
-        _Call.done(rec, begin, site, start, start_us, op, gname, seq)
-        return None
-
-    @staticmethod
-    def run(rec, local, orig, args, kwargs, head: str, gname: str, seq: int, op: str,
-            is_async: bool, kind: str = "c", wtag: str = ""):
-        site = rec.sites.current(3)
-        start = _perf_ns()
-        start_us = (start - rec.t0_ns) // 1000
-        begin = _Call.begin(rec, kind, head, op, gname, seq, site, start_us)
-        local.depth = 1
-        try:
-            result = orig(*args, **kwargs)
-        except BaseException as exc:
-            local.depth = 0
-            rec.inflight.pop(_get_ident(), None)
-            _Call.failed(rec, exc, begin, site, start, (op, gname, seq, start_us))
-            raise
-        local.depth = 0
-        del rec.inflight[_get_ident()]
-        _Call.done(rec, begin, site, start, start_us, op, gname, seq, _ASYNC if is_async else "")
-        if is_async and result is not None:
-            _track_async(rec, result, op, gname, seq, site, wtag)
-        return result
-
-
-def _issue_async(orig, args, kwargs, apos: int):
-    if apos < len(args):
-        a = list(args)
-        a[apos] = True
-        return orig(*a, **kwargs)
-    return orig(*args, **dict(kwargs, async_op=True))
+        rec.last_event = (op, gname, iseq, site, ts + dur)
+        if ent[6] and result is not None:
+            _track_async(rec, result, op, gname, iseq, site, ent[7])
+    except Exception as exc:  # after the call: recorded as far as it went, never re-issued
+        rec.internal_error(exc)
+    return result
 
 
 def _track_async(rec, result, op, gname, seq, site, wtag: str = "") -> None:
@@ -181,8 +151,10 @@ def _track_async(rec, result, op, gname, seq, site, wtag: str = "") -> None:
     they are in no group's sequence."""
     works = result if isinstance(result, list) else [result]
     pending = rec.async_pending
+    if not _WAIT[3] and _WAIT[0] is not None:
+        _wait_installed(True)
     for w in works:
-        key = id(w)
+        key = _identity(w)  # not id(): an audit event (a Python call into every audit hook)
 
         def forget(ref, key=key):
             # Work dropped without wait(): forget it before its id can be reused by a new
@@ -202,6 +174,47 @@ def _track_async(rec, result, op, gname, seq, site, wtag: str = "") -> None:
 _CANONICAL = ops.CANONICAL
 
 
+#: Parameters that hold one tensor (every other tensor parameter holds a list).
+_ONE_TENSOR = frozenset({"tensor", "input_tensor", "output_tensor", "input", "output"})
+_ABSENT = 10 ** 6  # the position of a parameter that is never positional
+
+
+def _key_function(params: list[str], defaults: dict, tensors: tuple, values: tuple):
+    """A function ``(args, kwargs) -> tuple`` of what decides a call's record: each tensor's
+    (shape, dtype, device) and the other listed arguments (group, root, reduce op, async_op).
+
+    Generated for the signature, as ``dataclasses`` generates its methods: a loop over the
+    parameter names cost more instructions than the rest of the lookup (measured with
+    callgrind). It raises AttributeError/TypeError for arguments it cannot key (not a tensor,
+    an unhashable value): the caller then describes the call without the cache."""
+    names: dict = {"_identity": _identity}
+    body = ["def key(args, kwargs):", "    n = len(args)"]
+    out = []
+    for i, p in enumerate(tensors + values):
+        names[f"d{i}"] = defaults.get(p)
+        pos = params.index(p) if p in params else _ABSENT
+        body.append(f"    v{i} = args[{pos}] if n > {pos} else kwargs.get({p!r}, d{i})")
+        if p in tensors:
+            out.append(f"v{i}.shape, v{i}.dtype, v{i}.device")
+        elif p == "op":  # a pybind enum hashes through a Python-level call: identity instead
+            out.append(f"_identity(v{i})")                # (the entry keeps the object alive)
+        else:
+            out.append(f"v{i}")
+    body.append(f"    return ({', '.join(out)}{',' if out else ''})")
+    exec("\n".join(body), names)  # noqa: S102 - source built above from parameter names only
+    return names["key"]
+
+
+def _field(fn, *a) -> str | None:
+    """One optional field of a record: None when the user's argument cannot be described
+    (``broadcast(src="a")``): the call is then recorded without it, and torch alone reports
+    the bad argument."""
+    try:
+        return fn(*a)
+    except Exception:  # noqa: BLE001 - any user value may be passed here
+        return None
+
+
 def _make_collective(op: str, orig, spec):
     primary, other, roots, objs = spec
     op = _CANONICAL.get(op, op)
@@ -210,155 +223,146 @@ def _make_collective(op: str, orig, spec):
     has_group = "group" in params or "group" in defaults
     has_async = "async_op" in params
     has_op = op in _REDUCING and op != "broadcast"
-    rec_get = recorder_mod.get
+    reducing = op in _REDUCING
     from torch.distributed import distributed_c10d as c10d
 
     non_member = c10d.GroupMember.NON_GROUP_MEMBER
-    # The hot path reads its arguments by position, without a call per argument.
-    gpos = params.index("group") if "group" in params else len(params) + 99
-    gdef = defaults.get("group")
-    one = primary[0] if len(primary) == 1 else None
-    xpos = params.index(one) if one in params else len(params) + 99
-    opos = params.index("op") if "op" in params else len(params) + 99
-    odef = defaults.get("op")
-    apos = params.index("async_op") if "async_op" in params else len(params) + 99
-    simple = one is not None and not roots and not other and not objs and has_async
-    fast: dict = {}
+    keyable = not objs and all(p in _ONE_TENSOR for p in primary + other)
+    values = (("group",) if has_group else ()) + roots + (("op",) if has_op else ()) + \
+        (("async_op",) if has_async else ())
+    keyfn = _key_function(params, defaults, primary + other, values) if keyable else None
+    cache: dict = {}
+
+    def entry(rec, args, kwargs):
+        """The call's cached part (see _record), or False for a call that is not recorded.
+        Every field that fails to describe is left out; nothing here raises for bad input."""
+        group = get("group", args, kwargs) if has_group else None
+        if group is non_member:
+            return False
+        gname = "0" if group is None else rec.group_name(group)
+        parts = []
+        if primary:
+            xs: list[str] = []
+            n = 0
+            for p in primary:
+                d = _field(describe.tensors_desc, get(p, args, kwargs))
+                if d is not None:
+                    xs.extend(d[0])
+                    n += d[1]
+            parts.append(f'"x":[{",".join(xs)}],"n":{n}')
+        if has_op:
+            r = _field(describe.redop_name, get("op", args, kwargs))
+            parts.append(f'"rop":"{r if r is not None else "?"}"')
+        for r in roots:
+            v = _field(lambda x: None if x is None else int(x), get(r, args, kwargs))
+            if v is not None:
+                parts.append(f'"{"root" if r in ("src", "dst") else "groot"}":{v}')
+        if other:
+            xo: list[str] = []
+            for p in other:
+                d = _field(describe.tensors_desc, get(p, args, kwargs))
+                if d is not None:
+                    xo.extend(d[0])
+            parts.append(f'"xo":[{",".join(xo)}]')
+        for p in objs:
+            v = get(p, args, kwargs)
+            if p == "object_list" or p == "scatter_object_output_list":
+                k = _field(lambda x: len(x) if x is not None else 0, v)
+                if k is not None:
+                    parts.append(f'"nobj":{k}')
+            else:
+                d = _field(describe.object_desc, (v,))
+                if d is not None:
+                    parts.append(f'"obj":{d}')
+        is_async = bool(_field(bool, get("async_op", args, kwargs))) if has_async else False
+        post = "".join("," + x for x in parts)
+        return (gname, f'{{"t":"c","op":"{op}","g":"{gname}","s":', post,
+                ',"async":1' if is_async else "", op, True, is_async, "",
+                get("op", args, kwargs) if has_op else None)
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
-        rec = rec_get()
-        if rec is None or not rec.enabled or _compiling():  # torch.compile traces: step aside
+        rec = recorder_mod._recorder
+        if rec is None or not rec.enabled or rec.local.depth or _dyn() or _tc._is_compiling_flag:
+            return orig(*args, **kwargs)  # not tracing, nested in a patched call, or compiling
+        tid = _get_ident()
+        if tid in rec.inflight:  # inside another recorded call (all_gather_object -> all_gather)
             return orig(*args, **kwargs)
-        local = rec.local
-        if getattr(local, "depth", 0):
-            return orig(*args, **kwargs)
-        calling = False
+        ent = None
         try:
-            nargs = len(args)
-            group = (args[gpos] if gpos < nargs else kwargs.get("group", gdef)) if has_group else None
-            if group is non_member:
-                return orig(*args, **kwargs)
-            if simple:
-                # The common call (one tensor, maybe a reduce op): everything but the sequence
-                # number is cached per (group, shape, dtype, device, op).
-                v = args[xpos] if xpos < nargs else kwargs.get(one, defaults.get(one))
-                rop = (args[opos] if opos < nargs else kwargs.get("op", odef)) if has_op else None
-                try:
-                    key = (group, v.shape, v.dtype, v.device, rop)
-                    ent = fast.get(key)
-                except (AttributeError, TypeError):  # not a tensor, an unhashable reduce op
-                    key = ent = None
-                if ent is None and key is not None and len(fast) < 4096:
-                    gname = "0" if group is None else rec.group_name(group)
-                    d, n = describe.tensor_desc(v)
-                    tail = f',"x":[{d}],"n":{n}'
-                    if has_op:
-                        tail += f',"rop":"{describe.redop_name(rop)}"'
-                    ent = fast[key] = (gname, f'"op":"{op}","g":"{gname}","s":', tail)
-                if ent is not None:
-                    gname = ent[0]
-                    seq = rec.next_seq(gname)
-                    head = f"{ent[1]}{seq}{ent[2]}"
-                    if rec.ddp_refs and op in _REDUCING:
-                        from . import ddp as patch_ddp
-
-                        hit = patch_ddp.overlap(rec, [v])
-                        if hit:
-                            head += f',"ddp_overlap":{json.dumps(hit)}'
-                    is_async = bool(args[apos] if apos < nargs else kwargs.get("async_op", False))
-                    calling = True  # from here on an exception is the call's own, not ours
-                    if not is_async and OVERLAP:
-                        return _Call.run_overlapped(rec, local, orig, args, kwargs, head, gname, seq, op,
-                                                    apos)
-                    return _Call.run(rec, local, orig, args, kwargs, head, gname, seq, op, is_async)
-            gname = "0" if group is None else rec.group_name(group)
-            seq = rec.next_seq(gname)
-            parts = [f'"op":"{op}","g":"{gname}","s":{seq}']
-            if one is not None:
-                v = args[xpos] if xpos < nargs else kwargs.get(one, defaults.get(one))
-                if v is None or isinstance(v, (list, tuple)):
-                    xs, n = describe.tensors_desc(v)
-                    parts.append(f'"x":[{",".join(xs)}],"n":{n}')
-                else:
-                    d, n = describe.tensor_desc(v)
-                    parts.append(f'"x":[{d}],"n":{n}')
-            elif primary:
-                xs: list[str] = []
-                n = 0
-                for p in primary:
-                    d, k = describe.tensors_desc(get(p, args, kwargs))
-                    xs.extend(d)
-                    n += k
-                parts.append(f'"x":[{",".join(xs)}],"n":{n}')
-            if has_op:
-                parts.append(f'"rop":"{describe.redop_name(args[opos] if opos < nargs else kwargs.get("op", odef))}"')
-            for r in roots:
-                v = get(r, args, kwargs)
-                if v is not None:
-                    parts.append(f'"{"root" if r in ("src", "dst") else "groot"}":{int(v)}')
-            if other:
-                xo: list[str] = []
-                for p in other:
-                    xo.extend(describe.tensors_desc(get(p, args, kwargs))[0])
-                parts.append(f'"xo":[{",".join(xo)}]')
-            for p in objs:
-                v = get(p, args, kwargs)
-                if p == "object_list" or p == "scatter_object_output_list":
-                    parts.append(f'"nobj":{len(v) if v is not None else 0}')
-                else:
-                    parts.append(f'"obj":{describe.object_desc((v,))}')
-            if rec.ddp_refs and primary and op in _REDUCING:
-                from . import ddp as patch_ddp
-
-                hit = patch_ddp.overlap(rec, [get(p, args, kwargs) for p in primary])
-                if hit:
-                    parts.append(f'"ddp_overlap":{json.dumps(hit)}')
-            is_async = bool(get("async_op", args, kwargs)) if has_async else False
-            head = ",".join(parts)
-        except Exception as exc:  # never let bookkeeping break the call
-            if calling:  # the collective itself raised (a peer died...): never issue it twice
-                raise
+            if keyfn is not None:
+                key = keyfn(args, kwargs)
+                ent = cache.get(key)
+                if ent is None:
+                    ent = entry(rec, args, kwargs)
+                    if len(cache) < 4096:
+                        cache[key] = ent
+            else:
+                ent = entry(rec, args, kwargs)
+        except (AttributeError, TypeError):  # arguments the key cannot hold: uncached
+            ent = None
+        except Exception as exc:  # noqa: BLE001 - never let bookkeeping break the call
             rec.internal_error(exc)
+            ent = False
+        if ent is None:
+            ent = _field(entry, rec, args, kwargs)
+        if not ent:  # not recorded: issued outside any handler, so nothing is chained to it
             return orig(*args, **kwargs)
-        return _Call.run(rec, local, orig, args, kwargs, head, gname, seq, op, is_async)
+        seqs = rec.seq
+        seq = seqs.get(ent[0], 0) + 1
+        seqs[ent[0]] = seq
+        extra = ""
+        if reducing and rec.ddp_refs:  # the manual all-reduce of DDP gradients check
+            hit = _field(_ddp_overlap, rec, [get(p, args, kwargs) for p in primary])
+            if hit:
+                extra = f',"ddp_overlap":{json.dumps(hit)}'
+        return _record(rec, ent, seq, orig, args, kwargs, _getframe(1), tid, extra)
 
     setattr(wrapper, _PATCHED_MARK, True)
     return wrapper
+
+
+def _ddp_overlap(rec, values) -> list[str]:
+    from . import ddp as patch_ddp
+
+    return patch_ddp.overlap(rec, values)
 
 
 def _make_p2p(op: str, orig, spec):
     targ, peers, direction = spec
     params, defaults = _signature(orig)
     get = _arg_getter(params, defaults)
-    rec_get = recorder_mod.get
     is_async_op = op in ("isend", "irecv")
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
-        rec = rec_get()
-        if rec is None or not rec.enabled or _compiling():  # torch.compile traces: step aside
+        rec = recorder_mod._recorder
+        if rec is None or not rec.enabled or rec.local.depth or _compiling():
             return orig(*args, **kwargs)
-        local = rec.local
-        if getattr(local, "depth", 0):
+        tid = _get_ident()
+        if tid in rec.inflight:  # send -> isend: only the outermost call is an event
             return orig(*args, **kwargs)
+        ent = seq = None
         try:
             group = get("group", args, kwargs)
             gname = rec.group_name(group)
-            head, wtag = _p2p_head(rec, op, direction, gname, group, get(targ, args, kwargs),
-                                   get(peers[0], args, kwargs), get(peers[1], args, kwargs))
-        except Exception as exc:
+            pre, seq, post, wtag = _p2p_head(rec, op, direction, gname, group, get(targ, args, kwargs),
+                                             get(peers[0], args, kwargs), get(peers[1], args, kwargs))
+            ent = (gname, pre, post, ',"async":1' if is_async_op else "", op, False, is_async_op, wtag, None)
+        except Exception as exc:  # noqa: BLE001 - never let bookkeeping break the call
             rec.internal_error(exc)
+        if ent is None:
             return orig(*args, **kwargs)
-        return _Call.run(rec, local, orig, args, kwargs, head, gname, 0, op, is_async_op, kind="p",
-                         wtag=wtag)
+        return _record(rec, ent, seq, orig, args, kwargs, _getframe(1), tid)
 
     setattr(wrapper, _PATCHED_MARK, True)
     return wrapper
 
 
-def _p2p_head(rec, op, direction, gname, group, payload, peer, group_peer) -> tuple[str, str]:
-    """(event fields, the fields that name the message: channel and its number)."""
+def _p2p_head(rec, op, direction, gname, group, payload, peer, group_peer) -> tuple[str, int, str, str]:
+    """(record text up to the message number, the number, the text after it, the fields that
+    name the message: channel and number). A peer or payload that cannot be described is
+    recorded as "?" / without its size: torch reports the bad argument."""
     me = rec.rank if rec.rank is not None else -1
     if peer is None and group_peer is not None:
         try:
@@ -367,16 +371,18 @@ def _p2p_head(rec, op, direction, gname, group, payload, peer, group_peer) -> tu
             peer = c10d.get_global_rank(group, group_peer) if group is not None else group_peer
         except Exception:
             peer = None
-    peer_s = "?" if peer is None else str(int(peer))
+    peer_i = _field(lambda x: None if x is None else int(x), peer)
+    peer_s = "?" if peer_i is None else str(peer_i)
     channel = f"{me}>{peer_s}" if direction == "send" else f"{peer_s}>{me}"
     seq = rec.next_p2p(f"{gname}:{channel}")
     if op.endswith("object_list"):
-        body = f'"nobj":{len(payload) if payload is not None else 0}'
+        k = _field(lambda x: len(x) if x is not None else 0, payload)
+        body = f'"nobj":{k}' if k is not None else '"nobj":0'
     else:
-        xs, n = describe.tensors_desc(payload)
+        xs, n = _field(describe.tensors_desc, payload) or ([], 0)
         body = f'"x":[{",".join(xs)}],"n":{n}'
-    tag = f'"ch":"{channel}","s":{seq}'
-    return f'"op":"{op}","g":"{gname}",{tag},{body}', tag
+    pre = f'{{"t":"p","op":"{op}","g":"{gname}","ch":"{channel}","s":'
+    return pre, seq, "," + body, f'"ch":"{channel}","s":{seq}'
 
 
 def _make_batch(orig):
@@ -396,10 +402,10 @@ def _make_batch(orig):
                 direction = "send" if "send" in fname else "recv"
                 group = getattr(p, "group", None)
                 gname = rec.group_name(group)
-                head, tag = _p2p_head(rec, fname, direction, gname, group, p.tensor, p.peer,
-                                      getattr(p, "group_peer", None))
+                pre, seq, post, tag = _p2p_head(rec, fname, direction, gname, group, p.tensor, p.peer,
+                                                getattr(p, "group_peer", None))
                 tags.append((fname, gname, tag))
-                rec.emit_line(f'{{"t":"p",{head},"ts":{ts},"d":0,"site":{site},"batch":1}}')
+                rec.emit_line(f'{pre}{seq}{post},"ts":{ts},"d":0,"site":{site},"batch":1}}')
         except Exception as exc:
             rec.internal_error(exc)
         rec.local.depth = 1
@@ -418,22 +424,40 @@ def _make_batch(orig):
     return wrapper
 
 
+#: [Work class, its own wait, ddpdoctor's wait, installed?] (see _patch_work_wait)
+_WAIT: list = [None, None, None, False]
+
+
+def _wait_installed(on: bool) -> None:
+    try:
+        _WAIT[0].wait = _WAIT[2] if on else _WAIT[1]
+        _WAIT[3] = on
+    except (TypeError, AttributeError):
+        pass
+
+
 def _patch_work_wait() -> None:
-    """``async_op=True`` work completes when its ``wait()`` returns: record that moment."""
+    """``async_op=True`` work completes when its ``wait()`` returns: record that moment.
+
+    Installed on ``Work`` only while some tracked async work is pending (``_track_async``
+    installs it, the wait that empties ``rec.async_pending`` removes it): torch's own
+    synchronous collectives call ``work.wait()`` too, and a Python wrapper there cost every
+    collective ~2k instructions (callgrind) for nothing."""
     import torch
 
     Work = torch._C._distributed_c10d.Work
     orig = Work.wait
-    if getattr(orig, _PATCHED_MARK, False):
+    if getattr(orig, _PATCHED_MARK, False) or _WAIT[0] is not None:
         return
-    rec_get = recorder_mod.get
 
     @functools.wraps(orig)
     def wait(self, *args, **kwargs):
-        rec = rec_get()
+        rec = recorder_mod._recorder
         if rec is None or not rec.async_pending:
             return orig(self, *args, **kwargs)
-        info = rec.async_pending.pop(id(self), None)
+        info = rec.async_pending.pop(_identity(self), None)
+        if not rec.async_pending:
+            _wait_installed(False)
         if info is None or (len(info) > 5 and info[5]() is not self):
             return orig(self, *args, **kwargs)
         op, gname, seq, site = info[:4]
@@ -449,10 +473,7 @@ def _patch_work_wait() -> None:
                           f'"d":{rec.now_us() - start},"site":{site}}}')
 
     setattr(wait, _PATCHED_MARK, True)
-    try:
-        Work.wait = wait
-    except (TypeError, AttributeError):
-        pass
+    _WAIT[:] = [Work, orig, wait, False]
 
 
 def _set(name: str, wrapper) -> None:
