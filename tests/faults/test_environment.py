@@ -77,12 +77,12 @@ def test_combined_run_status_cleanup_and_permissions(combined):
 def test_python_isolated_mode(tmp_path):
     """-I ignores PYTHONPATH: the run is untraced and says why (never a false "no process group")."""
     token = marker()
-    script = str(PROGRAMS / "exceptions.py")
+    script = str(PROGRAMS / "linger.py")
     out = tmp_path / "trace"
-    plain, tr = pair([PY, "-I", script, str(free_port()), token],
+    plain, tr = pair([PY, "-I", script, str(free_port()), "quick", token],
                      [PY, "-m", "ddpdoctor", "trace", "--out", str(out), "--", PY, "-I", script,
-                      str(free_port()), token])
-    assert tr.returncode == plain.returncode == 0, tr
+                      str(free_port()), "quick", token])
+    assert tr.returncode == plain.returncode == 0 and "R exit codes [0, 0]" in plain.stdout, tr
     assert tr.lines() == plain.lines(), f"untraced {plain!r}\ntraced {tr!r}"
     assert "ignores PYTHONPATH" in tr.stderr and "-I" in tr.stderr, tr
     assert left_running(token) == []
