@@ -9,7 +9,6 @@ import json
 import os
 
 import ddpdoctor.trace.mappedtrace as mt
-
 from ddpdoctor.analysis.load import read_rank
 
 
