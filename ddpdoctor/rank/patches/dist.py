@@ -233,6 +233,7 @@ def _make_collective(op: str, orig, spec):
         local = rec.local
         if getattr(local, "depth", 0):
             return orig(*args, **kwargs)
+        issued = False
         try:
             nargs = len(args)
             group = (args[gpos] if gpos < nargs else kwargs.get("group", gdef)) if has_group else None
@@ -266,6 +267,9 @@ def _make_collective(op: str, orig, spec):
                         if hit:
                             head += f',"ddp_overlap":{json.dumps(hit)}'
                     is_async = bool(args[apos] if apos < nargs else kwargs.get("async_op", False))
+                    # From here the collective is issued: its own exception is the program's,
+                    # never retried below as a bookkeeping failure (that ran it twice).
+                    issued = True
                     if not is_async and OVERLAP:
                         return _Call.run_overlapped(rec, local, orig, args, kwargs, head, gname, seq, op,
                                                     apos)
@@ -315,6 +319,8 @@ def _make_collective(op: str, orig, spec):
             is_async = bool(get("async_op", args, kwargs)) if has_async else False
             head = ",".join(parts)
         except Exception as exc:  # never let bookkeeping break the call
+            if issued:
+                raise
             rec.internal_error(exc)
             return orig(*args, **kwargs)
         return _Call.run(rec, local, orig, args, kwargs, head, gname, seq, op, is_async)
