@@ -29,7 +29,7 @@ _SIG_KEYS = ("x", "rop", "root", "groot", "nobj")
 _RARE = frozenset({"pg", "init", "file", "file_cap", "seed", "split", "sampler", "set_epoch", "optim",
                    "ddp", "exit", "hang", "pending", "w",
                    # issue 13: replica digests and what wrote a replica (rank/patches/replicas.py)
-                   "replica", "replica_w"})
+                   "replica", "replica_w", "bn"})
 
 
 #: Ops counted as barriers (RankTrace.after_barrier).

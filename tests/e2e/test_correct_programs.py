@@ -24,3 +24,17 @@ def test_correct_program_has_no_error(tmp_path, program):
     assert not errors, [f["message"] for f in errors]
     assert not warnings, [f["message"] for f in warnings]
     assert doc["run"]["ranks_found"] == [0, 1]
+
+
+def test_silent_ok_gets_only_the_batchnorm_infos(tmp_path):
+    """silent_ok.py trains plain BatchNorm over 16 samples per rank and saves from rank 0: the
+    batchnorm-sync infos (per-rank batch sizes, the checkpoint's statistics), nothing louder."""
+    out = tmp_path / "trace"
+    res = trace(torchrun(PROGRAMS / "silent_ok.py"), out, "--hang-timeout", "20", timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    found = findings_json(out)["findings"]
+    assert {f["severity"] for f in found} <= {"info"}, [f["message"] for f in found]
+    bn = [f for f in found if f["id"] == "DD014"]
+    assert {f["title"].split(" ")[0] for f in bn} == {"BatchNorm", "Checkpoint"}, [f["title"] for f in bn]
+    small = next(f for f in bn if f["title"].startswith("BatchNorm"))
+    assert small["data"]["batch"] == {"0": 16, "1": 16}

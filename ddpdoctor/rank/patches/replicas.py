@@ -52,6 +52,9 @@ ENABLED = os.environ.get("DDPDOCTOR_REPLICAS", "1") != "0"
 
 def on_ddp_init(rec, ddp) -> None:
     """A DDP module was constructed (its parameters just broadcast): first digest."""
+    from . import batchnorm
+
+    batchnorm.on_ddp_init(rec, ddp, len(_state["mods"]) if ENABLED else len(batchnorm._state["ddp"]))
     if not ENABLED:
         return
     try:
