@@ -28,7 +28,8 @@ EVERY = max(1, int(os.environ.get("DDPDOCTOR_REPLICA_EVERY", "100") or 100))
 #: The first optimizer steps, each digested (drift usually starts at once).
 FIRST = 3
 
-_state: dict = {"mods": [], "opt": {}, "installed": False, "pending": []}
+#: "opt": optimizer -> the DDP modules it updates (weak keys: an id could be reused by a new one)
+_state: dict = {"mods": [], "opt": weakref.WeakKeyDictionary(), "installed": False, "pending": []}
 
 
 class _Replica:
@@ -98,9 +99,12 @@ def _rec():
 
 def _after_step(opt, args, kwargs) -> None:
     """Global optimizer step post-hook: count steps per DDP module, digest on schedule."""
-    mods = _state["opt"].get(id(opt))
-    if mods is None:
-        mods = _state["opt"][id(opt)] = _modules_of(opt)
+    try:
+        mods = _state["opt"].get(opt)
+        if mods is None:
+            mods = _state["opt"][opt] = _modules_of(opt)
+    except TypeError:  # an optimizer that cannot be weakly referenced or hashed: not followed
+        return
     if not mods:
         return
     rec = _rec()
