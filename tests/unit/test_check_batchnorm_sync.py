@@ -7,8 +7,8 @@ from support.traces import run_check, write_traces
 from ddpdoctor.analysis.checks.batchnorm_sync import BatchnormSync
 
 
-def layers(bn: int = 2, sbn: int = 0) -> dict:
-    return {"t": "bn", "op": "layers", "id": 0, "bn": bn, "sbn": sbn, "site": ("train.py", 20)}
+def layers(bn: int = 2, sbn: int = 0, dev: str = "cuda") -> dict:
+    return {"t": "bn", "op": "layers", "id": 0, "bn": bn, "sbn": sbn, "dev": dev, "site": ("train.py", 20)}
 
 
 def batch(n: int) -> dict:
@@ -26,6 +26,12 @@ def test_small_per_rank_batch_without_syncbn_is_info_with_the_sizes(tmp_path):
     found = run_check(BatchnormSync, write_traces(tmp_path, {0: [layers(), batch(4)], 1: [layers(), batch(3)]}))
     assert [f.severity for f in found] == ["info"]
     assert "rank 0: 4; rank 1: 3" in found[0].message and found[0].data["batch"] == {0: 4, 1: 3}
+
+
+def test_small_batches_on_cpu_are_silent(tmp_path):
+    # DDP refuses SyncBatchNorm for CPU modules: nothing to advise
+    assert run_check(BatchnormSync, write_traces(tmp_path, {0: [layers(dev="cpu"), batch(4)],
+                                                            1: [layers(dev="cpu"), batch(4)]})) == []
 
 
 def test_large_batches_or_syncbn_are_silent(tmp_path):

@@ -66,7 +66,10 @@ class BatchnormSync(Check):
                 continue
             batches = {r: d["batch"].get("n") for r, d in ranks.items() if "batch" in d}
             sizes = [b for b in batches.values() if isinstance(b, int)]
-            if sizes and max(sizes) < SMALL_BATCH:
+            # DDP accepts SyncBatchNorm only for accelerator modules: on CPU there is nothing to
+            # advise, per-rank statistics are the only kind DDP runs with.
+            on_cpu = any(x.get("dev", "cpu") == "cpu" for x in layers.values())
+            if sizes and max(sizes) < SMALL_BATCH and not on_cpu:
                 r0 = min(layers)
                 desc = "; ".join(f"rank {r}: {b}" for r, b in sorted(batches.items())[:8])
                 out.append(self.finding(

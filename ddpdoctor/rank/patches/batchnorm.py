@@ -28,8 +28,11 @@ def on_ddp_init(rec, ddp, idx: int) -> None:
         sync = sum(1 for m in ddp.module.modules() if isinstance(m, nn.SyncBatchNorm))
         if not plain and not sync:
             return
-        rec.emit({"t": "bn", "op": "layers", "id": idx, "bn": len(plain), "sbn": sync, "ts": rec.now_us(),
-                  "site": rec.sites.current(3)})
+        first = (plain or [m for m in ddp.module.modules() if isinstance(m, nn.SyncBatchNorm)])[0]
+        tensor = next(iter(first.buffers()), None) if first.weight is None else first.weight
+        dev = tensor.device.type if tensor is not None else "cpu"
+        rec.emit({"t": "bn", "op": "layers", "id": idx, "bn": len(plain), "sbn": sync, "dev": dev,
+                  "ts": rec.now_us(), "site": rec.sites.current(3)})
         if plain:
             holder: dict = {}
 
