@@ -73,6 +73,7 @@ def _install(rec) -> None:
     if _state["installed"]:
         return
     _state["installed"] = True
+    _bind_get()
     import atexit
 
     import torch
@@ -89,12 +90,24 @@ def _install(rec) -> None:
 
 
 def _rec():
-    from .. import recorder as recorder_mod
-
-    rec = recorder_mod.get()
+    rec = _get()
     if rec is None or rec.writer is None or not rec.enabled:
         return None
     return rec
+
+
+def _get():
+    from .. import recorder as recorder_mod
+
+    return recorder_mod.get()
+
+
+def _bind_get() -> None:
+    """The per-step hook reads the recorder without an import statement each call."""
+    global _get
+    from .. import recorder as recorder_mod
+
+    _get = recorder_mod.get
 
 
 def _after_step(opt, args, kwargs) -> None:
