@@ -147,11 +147,19 @@ def _modules_of(opt) -> list[_Replica]:
 
 
 def _sample(t):
-    flat = t.detach().reshape(-1)
-    n = flat.numel()
-    if n > SAMPLE:
-        flat = flat[:: max(1, n // SAMPLE)][:SAMPLE]
-    return flat.contiguous().view(-1).view(_uint8())
+    try:
+        flat = t.detach().reshape(-1)
+        n = flat.numel()
+        if n > SAMPLE:
+            flat = flat[:: max(1, n // SAMPLE)][:SAMPLE]
+        out = flat.contiguous().view(-1).view(_uint8())
+        if out.device.type != "meta":
+            return out
+    except Exception:  # sparse, quantized, meta: no sample (its version counter still counts)
+        pass
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8)
 
 
 @functools.lru_cache(maxsize=1)
@@ -187,7 +195,8 @@ def _digest(rec, rep: _Replica, at: str, extra: dict | None = None) -> None:
             _emit(rec, meta, torch.cat(samples).numpy().tobytes())
             return
         # an accelerator: copy asynchronously, write the record once the copy is done
-        flat = torch.cat([s.to(samples[0].device) for s in samples])
+        dev = next(s.device for s in samples if s.device.type != "cpu")
+        flat = torch.cat([s.to(dev) for s in samples])
         host = torch.empty(flat.numel(), dtype=torch.uint8, pin_memory=True)
         host.copy_(flat, non_blocking=True)
         event = None
