@@ -19,10 +19,13 @@ def main() -> None:
     path = os.path.join(folder, "ckpt.pt")
     dist.barrier()
     if rank == 0:
-        time.sleep(1.0)  # a slow save: the other rank looks before it
+        time.sleep(0.5)  # a slow save: the other rank looks before it
         torch.save({"w": torch.ones(3)}, path)  # the write
-    elif not os.path.exists(path):  # the check
-        raise FileNotFoundError(f"no checkpoint at {path}")
+    else:
+        found = os.path.exists(path)  # the check
+        time.sleep(3.0)  # other work (so that the launcher does not end rank 0 before its save)
+        if not found:
+            raise FileNotFoundError(f"no checkpoint at {path}")
     dist.barrier()
     dist.destroy_process_group()
 
