@@ -208,7 +208,45 @@ def _mismatches(run: Run, group: str, members: list[int], until_seq: int | None,
         tail = _pending_tail_mismatch(run, members, group, until_seq)
         if tail is not None:
             found.append(tail)
-    return found
+    seen = {p.seq for p in found}
+    for p in _died_inside_mismatches(run, members, group, until_seq):
+        if p.seq not in seen:
+            found.append(p)
+            seen.add(p.seq)
+    found.sort(key=lambda p: p.seq)
+    return found[:limit]
+
+
+def _died_inside_mismatches(run: Run, members: list[int], group: str, until_seq: int | None) -> list[Point]:
+    """A rank that died inside call #k (its in-flight record) while other ranks completed #k and
+    went on: gloo can complete a mismatched all_gather on one side and abort the other, so the
+    block digests never cover the dead rank's #k. Compare its call with theirs at #k."""
+    counts = {r: (run.ranks[r].groups[group].count if group in run.ranks[r].groups else 0) for r in members}
+    out = []
+    for r in members:
+        seq = counts[r] + 1
+        if (until_seq is not None and seq >= until_seq) or not any(counts[o] >= seq for o in members):
+            continue
+        mine = _pending_event(run.ranks[r], group, seq)
+        if mine is None:
+            continue
+        at: dict[int, dict | None] = {r: mine}
+        for o in members:
+            if o == r:
+                continue
+            if counts[o] >= seq:
+                gs = run.ranks[o].groups[group]
+                b = (seq - 1) // BLOCK
+                evs = read_group_events(run.ranks[o].path, group, gs.blocks[b][2], BLOCK)
+                if len(evs) > (seq - 1) % BLOCK:
+                    at[o] = evs[(seq - 1) % BLOCK]
+            elif counts[o] + 1 == seq:
+                at[o] = _pending_event(run.ranks[o], group, seq)
+        evs_at = [e for e in at.values() if e is not None]
+        if len(evs_at) >= 2 and len({e.get("op") for e in evs_at}) == 1 \
+                and len({signature(e) for e in evs_at}) > 1:
+            out.append(Point(group, seq, {k: v for k, v in at.items() if v is not None}))
+    return out
 
 
 def _pending_tail_mismatch(run: Run, members: list[int], group: str, until_seq: int | None) -> Point | None:

@@ -23,6 +23,8 @@ CHECKS: dict[str, tuple[str, str]] = {
     "DD010": ("sync-overhead", "Needless synchronisation: per-step barriers"),
     "DD011": ("p2p-mismatch", "Point-to-point sends and receives do not match"),
     "DD012": ("collective-misuse", "Collective used outside the process group's lifetime, or groups created inconsistently"),
+    "DD013": ("replica-drift", "DDP replicas differ across ranks: the ranks train different models"),
+    "DD014": ("batchnorm-sync", "convert_sync_batchnorm applied after DDP wrapping"),
 }
 
 #: Ids whose static title differs on purpose from the trace check's: the source shows what the

@@ -29,7 +29,8 @@ class CollectiveRules(RuleFamily):
 
     def rules(self) -> list:
         return [("DD002", self.rank_shaped, ("all_reduce", "broadcast", "reduce", "gather")),
-                ("DD012", self.misuse, ("destroy_process_group", "new_group", "convert_sync_batchnorm")),
+                ("DD012", self.misuse, ("destroy_process_group", "new_group")),
+                ("DD014", self.sync_batchnorm, ("convert_sync_batchnorm",)),
                 ("DD011", self.p2p_counts, ("send", "recv"))]
 
     # -- DD012 -------------------------------------------------------------------------------------
@@ -85,10 +86,14 @@ class CollectiveRules(RuleFamily):
                                [loc(func.module, call.lineno, "call", func.name)],
                                fix="Create all groups on every rank, e.g. [dist.new_group(r) for r in all_member_lists], "
                                    "then pick the one this rank belongs to.")
+    # -- DD014 -------------------------------------------------------------------------------------
+    def sync_batchnorm(self, func: Func) -> Iterator[Finding]:
+        for call in calls_of(func):
+            last = canon_of(func, call.func).rsplit(".", 1)[-1]
             if last == "convert_sync_batchnorm" and call.args:
                 k = self.cm.kind(strip_module(call.args[0]), func, call.lineno)
                 if k is not None and k[0] == "ddp":
-                    yield make("DD012", "error",
+                    yield make("DD014", "error",
                                f"convert_sync_batchnorm() at line {call.lineno} is applied to a model already wrapped "
                                f"in DistributedDataParallel: DDP registered the old BatchNorm modules' parameters and "
                                f"buffers, so the converted layers are not the ones it synchronises.",

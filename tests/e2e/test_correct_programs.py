@@ -8,12 +8,12 @@ augmentation, object collectives, async ops, subgroups, p2p pipelines, Join with
 from __future__ import annotations
 
 import pytest
-from support.jobs import ROOT, findings_json, torchrun, trace
+from support.jobs import ROOT, findings_json, read_records, torchrun, trace
 
 PROGRAMS = ROOT / "tests" / "e2e" / "correct_programs"
 
 
-@pytest.mark.parametrize("program", ["ddp_training.py", "subgroups_p2p.py", "join_uneven.py"])
+@pytest.mark.parametrize("program", ["ddp_training.py", "subgroups_p2p.py", "join_uneven.py", "silent_ok.py"])
 def test_correct_program_has_no_error(tmp_path, program):
     out = tmp_path / "trace"
     res = trace(torchrun(PROGRAMS / program), out, "--hang-timeout", "20", timeout=120)
@@ -24,3 +24,18 @@ def test_correct_program_has_no_error(tmp_path, program):
     assert not errors, [f["message"] for f in errors]
     assert not warnings, [f["message"] for f in warnings]
     assert doc["run"]["ranks_found"] == [0, 1]
+
+
+def test_silent_ok_gets_only_the_batchnorm_checkpoint_info(tmp_path):
+    """silent_ok.py trains plain BatchNorm on CPU (16 samples per rank; DDP refuses SyncBatchNorm
+    for CPU modules, so no small-batch advice) and saves from rank 0: the checkpoint-statistics info
+    of batchnorm-sync, nothing louder; the recorded per-rank batch sizes are right."""
+    out = tmp_path / "trace"
+    res = trace(torchrun(PROGRAMS / "silent_ok.py"), out, "--hang-timeout", "20", timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    found = findings_json(out)["findings"]
+    assert {f["severity"] for f in found} <= {"info"}, [f["message"] for f in found]
+    assert [f["title"].split(" ")[0] for f in found if f["id"] == "DD014"] == ["Checkpoint"]
+    for rank in (0, 1):
+        bn = [r for r in read_records(out, rank) if r["t"] == "bn"]
+        assert [(r["op"], r.get("n"), r.get("dev")) for r in bn] == [("layers", None, "cpu"), ("batch", 16, None)]

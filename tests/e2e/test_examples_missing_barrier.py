@@ -25,7 +25,8 @@ def test_bad_example_is_found(reports):
     assert len(mine) == 1 and mine[0]["severity"] == "error" and mine[0]["ranks"] == [0, 1]
     bad = EXAMPLES / "bad.py"
     locs = {(loc["role"], loc["rank"], loc["line"]) for loc in mine[0]["locations"]}
-    assert locs == {("write", 0, line_of(bad, "# the write")), ("read", 1, line_of(bad, "# ... and the read"))}
+    assert locs == {("write", 0, line_of(bad, "# the write")), ("read", 1, line_of(bad, "# ... and the read")),
+                    ("check", 1, line_of(bad, "while not os.path.exists(path)"))}  # the poll: an existence check
 
 
 def test_good_example_is_silent(reports):

@@ -548,7 +548,7 @@ def test_dd012_misuse():
     assert found("""\
         model = DDP(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        """) == [("DD012", "error", 2)]
+        """) == [("DD014", "error", 2)]
 
 
 def test_dd002_rank_dependent_size():

@@ -49,7 +49,33 @@ class CollectiveMismatch(Check):
                 where = ctx.where(min(p.events), p.events[min(p.events)].get("site"))
                 msg = (f"{op} #{p.seq} in process group {group} ({where}) differs across ranks: "
                        + " | ".join(diffs) + ". Mismatched collectives abort (\"Received data size doesn't "
-                       "match\"), hang, or silently mix unrelated data.")
+                       "match\"), hang, or silently mix unrelated data." + _outcome(ctx, p))
                 findings.append(self.finding(msg, minority or list(p.events), locs, evidence=evidence,
                                              data={"group": group, "seq": p.seq, "op": op}))
         return findings
+
+
+def _outcome(ctx: Context, p) -> str:
+    """How the ranks came out of the mismatched call: the backend may complete it on some ranks
+    (partially filled buffers) and abort only later, so the crash is reported elsewhere (DD008)
+    while this call is its root cause."""
+    died_in = sorted(r for r, ev in p.events.items() if ev.get("pending"))
+    completed = sorted(r for r, ev in p.events.items() if not ev.get("pending") and not ev.get("err"))
+    later = []
+    for r, rt in sorted(ctx.run.ranks.items()):
+        if r in died_in or r not in p.events:
+            continue
+        ex = rt.exit_record() or {}
+        if ex.get("how") in ("exception", "crash") or rt.exit_record() is None:
+            later.append(r)
+    parts = []
+    if completed and (died_in or later):
+        parts.append(f" {fmt(completed)} completed it (the backend accepted it: their buffers hold "
+                     "partial or mixed data)")
+    if died_in:
+        parts.append(f"{';' if parts else ''} {fmt(died_in)} died inside it")
+    if later:
+        parts.append(f"{';' if parts else ''} {fmt(later)} failed later")
+    if not parts:
+        return ""
+    return "".join(parts) + ": this mismatch is the root cause of the failures reported after it."

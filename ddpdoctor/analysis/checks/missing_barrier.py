@@ -11,6 +11,7 @@ with both as members has ``completed_Q(Y)[g] > issued_P(X)[g]``: P entered colle
 from __future__ import annotations
 
 import bisect
+import fnmatch
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -135,6 +136,10 @@ def _accesses(ctx: Context) -> tuple[dict[str, list[Access]], dict[int, list[tup
     if not modified:
         return by_path, locks
     relevant: dict[str, bool] = {}
+    by_dir: dict[str, list[str]] = defaultdict(list)  # directory -> modified paths in it
+    for m in modified:
+        if isinstance(m, str):
+            by_dir[os.path.dirname(m)].append(m)
     for rank, rt in ctx.run.ranks.items():
         seen: set = set()
         host = str(rt.header.get("host", ""))
@@ -154,6 +159,8 @@ def _accesses(ctx: Context) -> tuple[dict[str, list[Access]], dict[int, list[tup
                 to = r.get("to")
                 if isinstance(to, str):
                     items.append(("w", to, "rename"))
+            elif op == "r" and r.get("probe"):
+                items.extend(_probed(r, path, modified, by_dir))
             elif op in ("w", "r", "rm", "mkdir"):
                 items.append((op, path, "append" if r.get("app") else ""))
             for kind, p, how in items:
@@ -171,6 +178,19 @@ def _accesses(ctx: Context) -> tuple[dict[str, list[Access]], dict[int, list[tup
     for rank in locks:
         locks[rank].sort()
     return by_path, locks
+
+
+def _probed(r: dict, path: str, modified: set, by_dir: dict[str, list[str]]) -> list[tuple[str, str, str]]:
+    """An existence check (stat), a directory listing or a glob is a read of every modified path
+    it can see: the path itself, the files in the directory, the paths the pattern matches."""
+    probe = r.get("probe")
+    if probe == "stat":
+        return [("r", path, "probe-miss" if r.get("miss") else "probe")]
+    if probe == "listdir":
+        return [("r", p, "listing") for p in by_dir.get(path.rstrip(os.sep) or os.sep, ())]
+    if probe == "glob":
+        return [("r", p, "glob") for p in modified if isinstance(p, str) and fnmatch.fnmatchcase(p, path)]
+    return [("r", path, "")]
 
 
 def _add_directory_removals(by_path: dict[str, list[Access]]) -> None:
@@ -200,7 +220,29 @@ def _locked(locks: dict[int, list[tuple[int, str]]], x: Access, y: Access) -> bo
 _VERB = {"w": "writes", "r": "reads", "rm": "removes", "mkdir": "creates"}
 
 
+def _reader_failed(ctx: Context, readers: list[int], y: Access) -> str:
+    """The readers that then raised: their failure is this race's consequence, not its cause."""
+    failed = []
+    for r in readers:
+        rt = ctx.run.ranks.get(r)
+        ex = (rt.exit_record() if rt is not None else None) or {}
+        if ex.get("how") == "exception" and int(ex.get("ts", 0) or 0) >= y.ts:
+            failed.append((r, str(ex.get("exc", ""))[:120], ex.get("line")))
+    if not failed:
+        return ""
+    r, exc, line = failed[0]
+    at = f" at line {line}" if line else ""
+    return (f" {fmt([f[0] for f in failed])} then failed ({exc}{at}): the missing barrier is the root "
+            "cause of that failure.")
+
+
+_PROBE_VERB = {"probe": "checks whether it exists", "probe-miss": "checks whether it exists (it did not yet)",
+               "listing": "lists the directory holding it", "glob": "globs a pattern matching it"}
+
+
 def _verb(a: Access) -> str:
+    if a.how in _PROBE_VERB:
+        return _PROBE_VERB[a.how]
     if a.how == "rename":
         return "renames a file onto"
     if a.how == "dir":
@@ -224,6 +266,7 @@ class MissingBarrier(Check):
              "dist.barrier(), or use a per-rank file name."))}
 
     def run(self, ctx: Context):
+        self._checks: dict[tuple, Access] = {}  # race key -> an existence check by the reader
         by_path, locks = _accesses(ctx)
         if not by_path:
             return []
@@ -241,7 +284,7 @@ class MissingBarrier(Check):
             self._pairs(ctx, order, locks, path, mods, reads, races)
             self._multi_writers(ctx, order, locks, path, mods + [a for a in accs if a.kind == "mkdir"],
                                 writes)
-        findings = [self._race_finding(ctx, order, pairs) for pairs in races.values()]
+        findings = [self._race_finding(ctx, order, pairs, self._checks.get(k)) for k, pairs in races.items()]
         findings += [self._writers_finding(ctx, order, pairs) for pairs in writes.values()]
         return findings
 
@@ -253,17 +296,24 @@ class MissingBarrier(Check):
 
     def _pairs(self, ctx, order, locks, path, mods, reads, out) -> None:
         """Modifications and reads on different ranks that no collective orders."""
-        readers_hit: set = set()
+        readers_hit: dict[int, tuple] = {}
         near = _Near(mods)
-        for y in reads:
+        # A rank that polls for the file and then loads it: the load is the read to report, the
+        # existence check a location of the same finding.
+        for y in sorted(reads, key=lambda a: a.how in _PROBE_VERB):
             if y.rank in readers_hit:
+                if y.how in _PROBE_VERB:
+                    k = readers_hit[y.rank]
+                    x0 = out[k][-1][0]
+                    if x0.same_file(y) and not order.ordered(x0, y):
+                        self._checks.setdefault(k, y)
                 continue
             for x in near.candidates(y):
                 if x.rank == y.rank or not x.same_file(y) or order.ordered(x, y) or _locked(locks, x, y):
                     continue
                 key = (self._site_key(ctx, x), self._site_key(ctx, y), x.kind)
                 out.setdefault(key, []).append((x, y, path))
-                readers_hit.add(y.rank)
+                readers_hit[y.rank] = key
                 break
 
     def _multi_writers(self, ctx, order, locks, path, mods, out) -> None:
@@ -308,7 +358,7 @@ class MissingBarrier(Check):
                 f"{'wrote' if x.kind == 'w' else 'removed'} the file and rank {y.rank} had completed "
                 f"{ny} when it {'read' if y.kind == 'r' else 'touched'} it, so no collective separates them")
 
-    def _race_finding(self, ctx: Context, order: _Order, pairs: list):
+    def _race_finding(self, ctx: Context, order: _Order, pairs: list, check: Access | None = None):
         x, y, path = pairs[0]
         paths = sorted({p for _, _, p in pairs})
         writers = sorted({a.rank for a, _, _ in pairs})
@@ -319,11 +369,26 @@ class MissingBarrier(Check):
                        if x.kind == "w" else "the file may already be gone when it is read")
         if x.how == "rename":
             consequence = "the rename is atomic, but whether the reader gets the new or the old file is timing"
+        if y.how in _PROBE_VERB:
+            consequence = ("whether the file is there yet is timing: a rank that finds it missing skips, "
+                           "waits or fails, one that finds it may read it half written")
+            if y.how == "probe-miss" and x.kind == "w":
+                consequence = ("this time it did not exist yet, so the rank went on as if it were never "
+                               "written (a failure there is a consequence of this race)")
+        reads = "reads it" if len(readers) == 1 else "read it"
+        if y.how in _PROBE_VERB:
+            reads = _verb(y)
         msg = (f"{fmt(writers)} {_verb(x)} {path}{more} at {ctx.where(x.rank, x.site)} and "
-               f"{fmt(readers)} read{'s' if len(readers) == 1 else ''} it at {ctx.where(y.rank, y.site)} "
+               f"{fmt(readers)} {reads} at {ctx.where(y.rank, y.site)} "
                f"with no collective between them ({self._between(order, x, y)}). Which happens first "
                f"is a matter of timing, even if it worked this time: {consequence}.")
+        if check is not None:
+            msg += (f" Rank {check.rank} {_verb(check)} at {ctx.where(check.rank, check.site)} first: "
+                    "an existence check is no synchronisation (the file appears when writing starts).")
+        msg += _reader_failed(ctx, readers, y)
         locs = [self._loc(ctx, x, "write"), self._loc(ctx, y, "read")]
+        if check is not None:
+            locs.append(self._loc(ctx, check, "check"))
         evidence = [[fmt([a.rank]), f"{a.kind} {a.path} at pos {a.pos}", ctx.where(a.rank, a.site)]
                     for a in (x, y)]
         return self.finding(msg, writers + readers, locs, evidence=evidence,

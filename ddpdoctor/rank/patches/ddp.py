@@ -191,6 +191,9 @@ def patch() -> None:
             self._ddpdoctor = {"g": gname, "site": site, "bwd": 0, "fwd": 0}
         except Exception as exc:
             rec.internal_error(exc)
+        from . import replicas  # digests of the replica (replica-drift); off the step path
+
+        replicas.on_ddp_init(rec, self)
 
     @functools.wraps(orig_forward)
     def forward(self, *inputs, **kwargs):

@@ -18,7 +18,11 @@ from . import WRAPPED
 _WATCH = {"open": None, "os.remove": "rm", "os.rename": "mv", "os.mkdir": "mkdir",
           "os.rmdir": "rm", "shutil.rmtree": "rm", "os.truncate": "w",
           # raised by our torch.save wrapper: torch writes ASCII paths from C++ (no "open" event)
-          "ddpdoctor.write": "w"}
+          "ddpdoctor.write": "w",
+          # existence checks and listings are reads (probes.py raises ddpdoctor.stat for os.stat)
+          "ddpdoctor.stat": "r", "os.listdir": "r", "os.scandir": "r", "glob.glob/2": "r"}
+#: Audit events that only look at a path: the record's ``probe`` field.
+_PROBES = {"ddpdoctor.stat": "stat", "os.listdir": "listdir", "os.scandir": "listdir", "glob.glob/2": "glob"}
 #: Position of the ``dir_fd`` argument per event: a path relative to a directory descriptor
 #: (shutil.rmtree's inner calls) cannot be resolved here; the outer event covers it.
 _DIR_FD_ARG = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 2, "os.rename": 2, "shutil.rmtree": 1}
@@ -142,6 +146,12 @@ def install(rec) -> None:
                 path = os.fsdecode(path)
             if not isinstance(path, str):
                 return
+            probe = _PROBES.get(event)
+            if probe == "glob":  # (pattern, recursive, root_dir, dir_fd)
+                if len(args) > 3 and args[3] is not None:
+                    return
+                if len(args) > 2 and isinstance(args[2], (str, bytes)):
+                    path = os.path.join(os.fsdecode(args[2]), path)
             i = _DIR_FD_ARG.get(event)
             if i is not None and len(args) > i and args[i] not in (None, -1):  # -1: no dir_fd
                 return
@@ -161,7 +171,7 @@ def install(rec) -> None:
                 return
             pos = r.position()
             done = _completed(r, pos)
-            key = (op, path, tuple(sorted(pos.items())), tuple(sorted(done.items())))
+            key = (op, path, tuple(sorted(pos.items())), tuple(sorted(done.items())), probe)
             if key in seen:
                 return
             if state["n"] >= MAX_RECORDS:
@@ -179,6 +189,10 @@ def install(rec) -> None:
                 rec_["app"] = 1
             if is_local(path):
                 rec_["loc"] = 1  # compared only with ranks on the same host
+            if probe is not None:
+                rec_["probe"] = probe
+                if probe == "stat" and len(args) > 1 and args[1]:
+                    rec_["miss"] = 1  # the path did not exist
             if event == "os.rename" and len(args) > 1 and isinstance(args[1], (str, bytes)):
                 rec_["to"] = os.path.abspath(os.fsdecode(args[1]))
             r.emit(rec_)
@@ -189,6 +203,9 @@ def install(rec) -> None:
 
     sys.addaudithook(hook)
     _patch_torch_save()
+    from . import probes
+
+    probes.install(rec)
 
 
 def _completed(r, pos: dict) -> dict:
