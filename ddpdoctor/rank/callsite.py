@@ -1,4 +1,5 @@
-"""Finding the user's call site: the first frames outside torch, ddpdoctor and the stdlib glue.
+"""Finding the user's call site: the first frames outside torch, ddpdoctor, installed packages
+(site-packages, dist-packages) and the standard library, however deep the library code is.
 
 A manual frame walk (a few µs) instead of ``traceback.extract_stack`` (about 3x slower). Call
 sites are interned: each distinct stack is described once in the trace (a ``site`` record) and
@@ -38,13 +39,55 @@ def add_skip_prefix(path: str) -> None:
         _SKIP_PREFIXES.append(path)
 
 
+#: Installed third-party code (Lightning, accelerate, transformers...): context, never the user's line.
+_PACKAGES = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+
 def _is_library(filename: str, cache: dict[str, bool] = {}) -> bool:  # noqa: B006 - a cache
+    """Whether a frame of ``filename`` is library code: the user's call site is the first frame
+    (from the call inwards out) that is not. An editable install (``pip install -e``) runs from
+    the user's folder, so it stays the user's code."""
     hit = cache.get(filename)
     if hit is None:
         hit = (filename.startswith(tuple(_SKIP_PREFIXES)) or filename.startswith(_SKIP_NAMES)
-               or (filename.startswith(_STDLIB) and "-packages" + os.sep not in filename))
+               or filename.startswith(_STDLIB) or any(p in filename for p in _PACKAGES))
         cache[filename] = hit
     return hit
+
+
+def _package(filename: str) -> str:
+    """The top-level package of an installed file (``accelerate`` for
+    ``.../site-packages/accelerate/utils/operations.py``), else the file's base name."""
+    for p in _PACKAGES:
+        i = filename.rfind(p)
+        if i >= 0:
+            return filename[i + len(p):].split(os.sep, 1)[0].removesuffix(".py")
+    for root in _STDLIB:
+        if filename.startswith(root):
+            return filename[len(root):].split(os.sep, 1)[0].removesuffix(".py")
+    return os.path.basename(filename)
+
+
+#: Library frames kept as context per site: the outermost (what the user's line called) and
+#: the innermost (what reached the recorded call).
+LIB_CONTEXT = 6
+
+
+def library_context(lib_frames: list) -> tuple[list[list], str | None]:
+    """From the library frames between the recorded call and the user's line (innermost first,
+    ``(code, line)``): the ``lib`` field (outermost first, ``[file, line, func]``, at most
+    ``LIB_CONTEXT``, the middle of a deep recursion left out) and the ``via`` text, e.g.
+    ``accelerate gather_for_metrics (accelerator.py:2536)``."""
+    frames = [(c, ln) for c, ln in reversed(lib_frames)
+              if not c.co_filename.startswith(_HERE) and c.co_name not in _CALL_MACHINERY]
+    if not frames:
+        return [], None
+    if len(frames) > LIB_CONTEXT:
+        half = LIB_CONTEXT // 2
+        frames = frames[:half] + frames[-half:]
+    code, line = frames[0]
+    via = f"{_package(code.co_filename)} {code.co_name} ({os.path.basename(code.co_filename)}:{line})"
+    return [[c.co_filename, ln, c.co_name] for c, ln in frames], via
 
 
 class SiteTable:
@@ -108,7 +151,7 @@ class SiteTable:
         while f is not None and n < STACK_DEPTH:
             code = f.f_code
             if _is_library(code.co_filename):
-                if not key and len(lib_frames) < 8:
+                if not key and len(lib_frames) < 256:
                     lib_frames.append((code, f.f_lineno))
             else:
                 key.append((code, f.f_lineno))
@@ -131,17 +174,20 @@ class SiteTable:
                 fn = code.co_filename
                 stack.append([fn, line, code.co_name, linecache.getline(fn, line).strip()])
             rec: dict = {"t": "site", "id": sid}
+            lib, via = library_context(lib_frames)
+            if not stack and lib:
+                # No user frame at all (a framework's own thread): the library entry point.
+                fn, ln, name = lib[0]
+                stack = [[fn, ln, name, linecache.getline(fn, ln).strip()]]
             if stack:
                 rec.update(file=stack[0][0], line=stack[0][1], func=stack[0][2], src=stack[0][3])
             else:
                 rec.update(file="?", line=0, func="?", src="")
             rec["stack"] = stack
-            entry = [(c, ln) for c, ln in lib_frames if not c.co_filename.startswith(_HERE)
-                     and c.co_name not in _CALL_MACHINERY]
-            if entry:
-                # The library function the user line called into (a metric, an optimizer...).
-                code, line = entry[-1]
-                rec["via"] = f"{code.co_name} ({os.path.basename(code.co_filename)}:{line})"
+            if via:
+                # The library code between the user's line and the call (a metric, a framework).
+                rec["via"] = via
+                rec["lib"] = lib
             conds = sourceinfo.conditions_for_stack([(s[0], s[1]) for s in stack])
             if conds:
                 rec["conds"] = conds

@@ -18,12 +18,12 @@ def describe_op(op: str | None, ev: dict | None) -> str:
     return f"{base} #{ev.get('s')}" if ev and ev.get("s") else base
 
 
-def _side_conds(ctx: Context, by_op: dict, point) -> dict:
-    """Per side, the branch headers around its first rank's call (none for ranks with no call)."""
+def _side_sites(ctx: Context, by_op: dict, point) -> dict:
+    """Per side, the site record of its first rank's call (None for ranks with no call)."""
     out = {}
     for op, rs in by_op.items():
         ev = point.events[rs[0]]
-        out[op] = (ctx.site(rs[0], ev.get("site")).get("conds") or []) if ev is not None else []
+        out[op] = ctx.site(rs[0], ev.get("site")) if ev is not None else None
     return out
 
 
@@ -33,7 +33,7 @@ def culprit(ctx: Context, by_op: dict, point) -> tuple[list[int], str]:
     found = blame.minority(by_op)
     if found is not None:
         return found[1], "minority"
-    flagged = blame.conditioned_side(_side_conds(ctx, by_op, point))
+    flagged = blame.conditioned_side(_side_sites(ctx, by_op, point))
     if flagged is not None:
         return sorted(by_op[flagged]), "condition"
     return [], "tie"
@@ -62,7 +62,7 @@ def loop_split(ctx: Context, by_op: dict, point) -> dict | None:
     early exits (``break``/``return`` under a condition), and blame the side that left when
     the loop has such exits (a decision on a rank-local value); with none, the loop simply ran
     a different number of times (different data lengths) and nobody is blamed."""
-    for op, op2, found, exits in blame.left_loops(_side_conds(ctx, by_op, point)):
+    for op, op2, found, exits in blame.left_loops(_side_sites(ctx, by_op, point)):
         rs, rs2 = by_op[op], by_op[op2]
         base = os.path.basename(found["file"])
         text = (f"{fmt(rs2)} left the loop at {base}:{found['line']} `{found['text']}` that "
