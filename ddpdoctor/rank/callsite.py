@@ -76,8 +76,9 @@ LIB_CONTEXT = 6
 def library_context(lib_frames: list) -> tuple[list[list], str | None]:
     """From the library frames between the recorded call and the user's line (innermost first,
     ``(code, line)``): the ``lib`` field (outermost first, ``[file, line, func]``, at most
-    ``LIB_CONTEXT``, the middle of a deep recursion left out) and the ``via`` text, e.g.
-    ``accelerate gather_for_metrics (accelerator.py:2536)``."""
+    ``LIB_CONTEXT``, the middle of a deep recursion left out) and the ``via`` text: the function
+    the user's line called and the innermost frame outside torch that reached the call, e.g.
+    ``lightning fit (trainer.py:584) ... barrier (ddp.py:303)``."""
     frames = [(c, ln) for c, ln in reversed(lib_frames)
               if not c.co_filename.startswith(_HERE) and c.co_name not in _CALL_MACHINERY]
     if not frames:
@@ -87,6 +88,10 @@ def library_context(lib_frames: list) -> tuple[list[list], str | None]:
         frames = frames[:half] + frames[-half:]
     code, line = frames[0]
     via = f"{_package(code.co_filename)} {code.co_name} ({os.path.basename(code.co_filename)}:{line})"
+    # ... and the innermost frame of a package other than torch: what reached the call
+    inner = next(((c, ln) for c, ln in reversed(frames[1:]) if _package(c.co_filename) != "torch"), None)
+    if inner is not None:
+        via += f" ... {inner[0].co_name} ({os.path.basename(inner[0].co_filename)}:{inner[1]})"
     return [[c.co_filename, ln, c.co_name] for c, ln in frames], via
 
 

@@ -133,9 +133,12 @@ def _pair(mine: Mapping, theirs: Mapping) -> list[Branch]:
 
 def branches(mine: Mapping | None, others: Sequence[Mapping | None]) -> list[Branch]:
     """The branches ``mine``'s call is under and none of ``others``' calls is, innermost first
-    (observed ones from the parting frame, candidates from deeper frames)."""
+    (observed ones from the parting frame, candidates from deeper frames). With no other call to
+    compare with (the other ranks made none), every branch around ``mine`` is a candidate."""
     if not mine:
         return []
+    if all(o is None for o in others):
+        return _pair(mine, {})
     result: list[Branch] | None = None
     for other in others:
         if other is None:

@@ -8,6 +8,7 @@ from collections import defaultdict
 from ...trace import ops
 from ...verdict import blame
 from ..findings import Location
+from ._parted import parted_before
 from .base import Check, Context, Divergence, fmt
 
 
@@ -96,9 +97,13 @@ class DivergentCollectives(Check):
             for r, ev in sorted(p.events.items()):
                 by_op[(ev or {}).get("op")].append(r)
             div = Divergence(group, p, by_op, by_op.get(None, []))
-            if any(c.explains(ctx, div) for c in ctx.checks if c.id != self.id):
-                continue  # another check reports the root cause (mismatch, rank failure, uneven inputs...)
             blame, why = culprit(ctx, by_op, p)
+            parted = parted_before(ctx, group, p) if why != "condition" else None
+            if parted is None and any(c.explains(ctx, div) for c in ctx.checks if c.id != self.id):
+                continue  # another check reports the root cause (mismatch, rank failure, uneven inputs...)
+            if parted is not None:
+                findings.append(self._parted(ctx, group, p, by_op, parted))
+                continue
             loop = loop_split(ctx, by_op, p) if not blame else None
             if loop is not None and loop["culprit"]:
                 blame, why = loop["culprit"], "loop"
@@ -144,3 +149,38 @@ class DivergentCollectives(Check):
                                          data={"group": group, "seq": p.seq, "culprit": blame,
                                                "ops": {str(k): v for k, v in by_op.items()}}))
         return findings
+
+    def _parted(self, ctx: Context, group: str, p, by_op: dict, parted: dict):
+        """The ranks matched the same op from different call sites, one under a rank-dependent
+        branch (a user's barrier paired with a framework's), and diverged later."""
+        s = parted["seq"]
+        op = next(iter(parted["events"].values())).get("op")
+        locations: list[Location] = []
+        parts = []
+        evidence = []
+        for key, rs in sorted(parted["sides"].items(), key=lambda kv: kv[0] != parted["flagged"]):
+            ev = parted["events"][rs[0]]
+            sid = ev.get("site")
+            text = f"{fmt(rs)} call{'s' if len(rs) == 1 else ''} it at {ctx.where(rs[0], sid)}"
+            locations.append(ctx.loc(rs[0], sid))
+            b = parted["branch"] if key == parted["flagged"] else None
+            if b is not None:
+                text += f", reached through {os.path.basename(b.file)}:{b.line} `{b.text}`"
+                locations.append(Location(rs[0], b.file, b.line, "", b.text, "condition"))
+            parts.append(text)
+            evidence.append([fmt(rs), describe_op(op, ev), ctx.where(rs[0], sid)])
+        later = "; ".join(f"{fmt(rs)}: {describe_op(o, p.events[rs[0]])}" for o, rs in sorted(
+            by_op.items(), key=lambda kv: (kv[0] is None, kv[1])))
+        blame = parted["culprit"]
+        msg = (f"In process group {group}, the ranks parted at collective #{s} ({describe_op(op, None)} on every "
+               f"rank, but from different call sites): " + "; ".join(parts) + ". The calls paired up, so the "
+               f"sequences only disagree later, at collective #{p.seq} ({later}). Culprit: {fmt(blame)} (its "
+               "call is under a rank-dependent condition; the others' matching call is another one, e.g. "
+               "a framework's own). Such a program hangs until the backend's timeout or exchanges wrong data.")
+        for rs in by_op.values():
+            ev = p.events[rs[0]]
+            if ev is not None:
+                locations.append(ctx.loc(rs[0], ev.get("site"), "diverged"))
+        return self.finding(msg, blame, locations, evidence=evidence,
+                            data={"group": group, "seq": s, "diverged_at": p.seq, "culprit": blame,
+                                  "ops": {str(k): v for k, v in by_op.items()}})
