@@ -55,6 +55,17 @@ def _is_library(filename: str, cache: dict[str, bool] = {}) -> bool:  # noqa: B0
     return hit
 
 
+def _frame_kind(filename: str) -> int:
+    """0: the user's code; 1: library code; 2: an installed package other than torch (Lightning,
+    accelerate...), library code that tells apart two calls from the same user line (part of a
+    site's identity, so that its ``via``/``lib`` are those of the call)."""
+    if not _is_library(filename):
+        return 0
+    if any(p in filename for p in _PACKAGES) and not filename.startswith(tuple(_SKIP_PREFIXES)):
+        return 2
+    return 1
+
+
 def _package(filename: str) -> str:
     """The top-level package of an installed file (``accelerate`` for
     ``.../site-packages/accelerate/utils/operations.py``), else the file's base name."""
@@ -107,7 +118,7 @@ class SiteTable:
         # a module, every nested function's code) and f_lineno decodes the line table, each
         # call. _codes holds every code object seen, so no identity in these keys is reused.
         self._codes: dict[int, object] = {}  # identity -> code
-        self._lib: dict[int, bool] = {}  # identity of a code -> is a library frame
+        self._lib: dict[int, int] = {}  # identity of a code -> _frame_kind
         self._fast: dict[tuple, int] = {}  # (identity of code, f_lasti, ...) of user frames -> id
 
     def current(self, skip: int = 2) -> int:
@@ -128,6 +139,8 @@ class SiteTable:
             if not is_lib:
                 key += (cid, f.f_lasti)  # an instruction maps to one line: the same site
                 n += 1
+            elif is_lib == 2 and not n:  # a framework between the call and the user's line
+                key += (cid, f.f_lasti)
             f = f.f_back
         tkey = tuple(key)
         sid = self._fast.get(tkey)
@@ -135,13 +148,13 @@ class SiteTable:
             sid = self._fast[tkey] = self._walk(skip + 1)
         return sid
 
-    def _classify(self, code, cid: int) -> bool:
+    def _classify(self, code, cid: int) -> int:
         if len(self._codes) >= 100000:  # bounded; clearing all three keeps every key valid
             self._fast.clear()
             self._lib.clear()
             self._codes.clear()
         self._codes[cid] = code
-        is_lib = self._lib[cid] = _is_library(code.co_filename)
+        is_lib = self._lib[cid] = _frame_kind(code.co_filename)
         return is_lib
 
     def _walk(self, skip: int) -> int:
@@ -152,25 +165,30 @@ class SiteTable:
             return -1
         key: list = []
         lib_frames: list = []
+        context: list = []
         n = 0
         while f is not None and n < STACK_DEPTH:
             code = f.f_code
-            if _is_library(code.co_filename):
+            kind = _frame_kind(code.co_filename)
+            if kind:
                 if not key and len(lib_frames) < 256:
                     lib_frames.append((code, f.f_lineno))
+                    if kind == 2:
+                        context.append((code, f.f_lineno))
             else:
                 key.append((code, f.f_lineno))
                 n += 1
             f = f.f_back
         tkey = tuple(key)
-        sid = self._ids.get(tkey)
+        ikey = (tkey, tuple(context))
+        sid = self._ids.get(ikey)
         if sid is None:
-            sid = self._new(tkey, lib_frames)
+            sid = self._new(tkey, lib_frames, ikey)
         return sid
 
-    def _new(self, key: tuple, lib_frames: list) -> int:
+    def _new(self, key: tuple, lib_frames: list, ikey: tuple) -> int:
         with self._lock:
-            sid = self._ids.get(key)
+            sid = self._ids.get(ikey)
             if sid is not None:
                 return sid
             sid = len(self._ids)
@@ -196,7 +214,7 @@ class SiteTable:
             conds = sourceinfo.conditions_for_stack([(s[0], s[1]) for s in stack])
             if conds:
                 rec["conds"] = conds
-            self._ids[key] = sid
+            self._ids[ikey] = sid
             self.records[sid] = rec
         self._emit(rec)
         return sid

@@ -44,12 +44,10 @@ class Branch:
 
     @property
     def rank_dependent(self) -> bool:
-        """Whether this branch parted the ranks on a rank-dependent decision: the analysis says
-        so, or the ranks were seen to go different ways at an ``if`` it does not clear."""
-        state = self.judgement.state
-        if state == "yes":
-            return True
-        return self.observed and self.kind in IF_KINDS and state != "no"
+        """Whether this branch parted the ranks: they were seen to go different ways at this
+        ``if`` (one inside, the other outside, in the same frame), or the analysis says its
+        condition is rank-dependent."""
+        return (self.observed and self.kind in IF_KINDS) or self.judgement.state == "yes"
 
     def cond(self) -> list:
         """As a recorded ``conds`` entry: ``[file, line, text, kind]``."""
@@ -153,7 +151,11 @@ def branches(mine: Mapping | None, others: Sequence[Mapping | None]) -> list[Bra
 
 
 def deciding(found: Sequence[Branch]) -> Branch | None:
-    """The branch that parted the ranks: the innermost rank-dependent one, else None."""
+    """The branch that parted the ranks: the innermost one whose condition the analysis finds
+    rank-dependent, else the innermost ``if`` they were seen to part at, else None."""
+    for b in found:
+        if b.judgement.state == "yes":
+            return b
     for b in found:
         if b.rank_dependent:
             return b
