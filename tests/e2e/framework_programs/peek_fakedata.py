@@ -21,7 +21,7 @@ def main() -> None:
     print("batch", tuple(images.shape))
     sampler.set_epoch(0)
     total = torch.zeros(1)
-    for images, targets in loader:
+    for images, _targets in loader:
         total += images.sum()
     dist.all_reduce(total)
     dist.destroy_process_group()
