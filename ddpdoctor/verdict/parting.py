@@ -56,6 +56,11 @@ class Branch:
 
 def _frames(site: Mapping | None) -> list[tuple[str, int, str]]:
     """The user frames of a site, outermost first: ``(file, line, func)``."""
+    return [fr[:3] for fr in _frames_src(site)]
+
+
+def _frames_src(site: Mapping | None) -> list[tuple[str, int, str, str]]:
+    """``_frames`` with each frame's recorded source line."""
     if not site:
         return []
     stack = site.get("stack") or []
@@ -65,7 +70,7 @@ def _frames(site: Mapping | None) -> list[tuple[str, int, str]]:
     for fr in reversed(stack):
         if isinstance(fr, (list, tuple)) and len(fr) >= 3:
             try:
-                out.append((str(fr[0]), int(fr[1]), str(fr[2])))
+                out.append((str(fr[0]), int(fr[1]), str(fr[2]), str(fr[3]) if len(fr) > 3 else ""))
             except (TypeError, ValueError):
                 continue
     return out
@@ -82,9 +87,12 @@ def _align(a: list, b: list) -> tuple[int, int] | None:
     return None
 
 
-def _enclosing(file: str, line: int) -> list[list] | None:
-    """Branch headers around ``file:line`` (``[line, text, kind]``), None when unreadable."""
+def _enclosing(file: str, line: int, src: str = "") -> list[list] | None:
+    """Branch headers around ``file:line`` (``[line, text, kind]``), None when the file cannot be
+    read or was edited since the run (its line is no longer the recorded source)."""
     if not linecache.getlines(file):
+        return None
+    if src and linecache.getline(file, line).strip() != src.strip():
         return None
     return sourceinfo.enclosing(file, line)
 
@@ -95,6 +103,7 @@ def _recorded(site: Mapping | None, file: str) -> list[list]:
 
 def _pair(mine: Mapping, theirs: Mapping) -> list[Branch]:
     """Branches ``mine``'s call is under that ``theirs``' is not, innermost first."""
+    srcs = {(f, ln): src for f, ln, _fn, src in _frames_src(mine) + _frames_src(theirs)}
     a, b = _frames(mine), _frames(theirs)
     if not a:
         return []
@@ -109,7 +118,8 @@ def _pair(mine: Mapping, theirs: Mapping) -> list[Branch]:
         if i < len(a) and j < len(b) and a[i][0] == b[j][0] and a[i][2] == b[j][2]:
             # The parting frame: same function, different lines.
             file, la, lb = a[i][0], a[i][1], b[j][1]
-            ours, other = _enclosing(file, la), _enclosing(file, lb)
+            ours, other = _enclosing(file, la, srcs.get((file, la), "")), \
+                _enclosing(file, lb, srcs.get((file, lb), ""))
             if ours is None or other is None:  # source gone: the headers recorded with the sites
                 theirs_lines = {int(c[1]) for c in _recorded(theirs, file)}
                 ours = [[int(c[1]), c[2], c[3]] for c in _recorded(mine, file)]
@@ -122,7 +132,7 @@ def _pair(mine: Mapping, theirs: Mapping) -> list[Branch]:
     # Deeper frames of mine only: every branch there is a candidate (outermost first here).
     deeper: list[Branch] = []
     for file, line, _func in a[start:]:
-        found = _enclosing(file, line)
+        found = _enclosing(file, line, srcs.get((file, line), ""))
         if found is None:
             found = [[int(c[1]), c[2], c[3]] for c in _recorded(mine, file)]
         deeper.extend(Branch(file, int(ln), text, kind, False) for ln, text, kind in found)

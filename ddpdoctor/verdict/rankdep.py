@@ -73,6 +73,8 @@ def judge(file: str, line: int, text: str = "") -> Judgement:
     if backend is not None:
         source = "".join(linecache.getlines(file)) if file and not file.startswith("<") else ""
         lineno = int(line)
+        if source and text and linecache.getline(file, lineno).strip() != text.strip():
+            source = ""  # edited since the run: judge the header as recorded
         if not source and text:
             # The file is gone or elsewhere: the recorded header alone, with an empty body.
             head = text.strip().removeprefix("else of: ")

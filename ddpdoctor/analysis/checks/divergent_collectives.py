@@ -6,7 +6,7 @@ import os
 from collections import defaultdict
 
 from ...trace import ops
-from ...verdict import blame
+from ...verdict import blame, rankdep
 from ..findings import Location
 from ._parted import parted_before
 from .base import Check, Context, Divergence, fmt
@@ -26,6 +26,12 @@ def _side_sites(ctx: Context, by_op: dict, point) -> dict:
         ev = point.events[rs[0]]
         out[op] = ctx.site(rs[0], ev.get("site")) if ev is not None else None
     return out
+
+
+def _why(file: str, line: int, text: str) -> str:
+    """What makes a condition rank-dependent, when the analysis says (`` (it depends on ...)``)."""
+    j = rankdep.judge(file, line, text)
+    return f" ({j.reason})" if j.state == "yes" and j.reason else ""
 
 
 def culprit(ctx: Context, by_op: dict, point) -> tuple[list[int], str]:
@@ -129,7 +135,7 @@ class DivergentCollectives(Check):
                     text += " (still waiting in it)"
                 for c in conds[:1]:
                     locations.append(c)
-                    text += f", reached through {c.short()} `{c.source}`"
+                    text += f", reached through {c.short()} `{c.source}`" + _why(c.file, c.line, c.source)
                 parts.append(text)
                 evidence.append([fmt(rs), describe_op(op, ev), ctx.where(rs[0], sid)])
             caller = common_caller(ctx, [(rs[0], p.events[rs[0]].get("site")) for op, rs in by_op.items()
@@ -165,7 +171,8 @@ class DivergentCollectives(Check):
             locations.append(ctx.loc(rs[0], sid))
             b = parted["branch"] if key == parted["flagged"] else None
             if b is not None:
-                text += f", reached through {os.path.basename(b.file)}:{b.line} `{b.text}`"
+                text += f", reached through {os.path.basename(b.file)}:{b.line} `{b.text}`" + \
+                    _why(b.file, b.line, b.text)
                 locations.append(Location(rs[0], b.file, b.line, "", b.text, "condition"))
             parts.append(text)
             evidence.append([fmt(rs), describe_op(op, ev), ctx.where(rs[0], sid)])
