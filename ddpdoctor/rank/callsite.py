@@ -199,8 +199,9 @@ class SiteTable:
             rec: dict = {"t": "site", "id": sid}
             lib, via = library_context(lib_frames)
             if not stack and lib:
-                # No user frame at all (a framework's own thread): the library entry point.
-                fn, ln, name = lib[0]
+                # No user frame at all (a framework's own thread, a test runner's hook): the
+                # library frame that made the call.
+                fn, ln, name = lib[-1]
                 stack = [[fn, ln, name, linecache.getline(fn, ln).strip()]]
             if stack:
                 rec.update(file=stack[0][0], line=stack[0][1], func=stack[0][2], src=stack[0][3])

@@ -35,12 +35,16 @@ def minority(sides: Mapping[K, Sequence[int]]) -> tuple[K, list[int]] | None:
     return major, sorted(r for k, rs in sides.items() if k != major for r in rs)
 
 
-def conditioned_side(sites: Mapping[K, Mapping | None]) -> K | None:
+def conditioned_side(sites: Mapping[K, Mapping | None],
+                     before: Mapping[K, Mapping | None] | None = None) -> K | None:
     """The only side whose call is under a rank-dependent branch that no other side's call is
     under (``sites[side]``: the ``site`` record of one representative rank's call, None for a
-    side with no call), found by comparing the sides' stacks (``verdict.parting``), or None."""
+    side with no call), found by comparing the sides' stacks (``verdict.parting``), or None.
+    ``before[side]``: the site of that rank's previous call (see ``parting.branches``)."""
+    before = before or {}
     flagged = [k for k, mine in sites.items() if mine is not None and parting.deciding(
-        parting.branches(mine, [v for k2, v in sites.items() if k2 != k]))]
+        parting.branches(mine, [v for k2, v in sites.items() if k2 != k],
+                         [v for k2, v in before.items() if k2 != k]))]
     return flagged[0] if len(flagged) == 1 else None
 
 

@@ -148,7 +148,8 @@ def _minority(groups: dict[str, list[int]], statuses: dict[int, dict]) -> tuple[
                                    f"passes, the others ran {others} ({labels})")
     # Otherwise blame the side whose call sits under a rank-dependent condition the others do not.
     sites = {k: statuses.get(rs[0], {}).get("site") for k, rs in groups.items()}
-    flagged = blame.conditioned_side(sites)
+    before = {k: (statuses.get(rs[0], {}).get("last") or {}).get("site") for k, rs in groups.items()}
+    flagged = blame.conditioned_side(sites, before)
     if flagged is not None:
         return sorted(groups[flagged]), f"the ranks disagree ({labels}); its call is under a " \
                                         "rank-dependent condition"
@@ -169,7 +170,8 @@ def _condition(culprit: list[int], statuses: dict[int, dict], ranks: list[int]) 
         return None
     st = statuses.get(culprit[0], {})
     others = [statuses.get(r, {}).get("site") for r in ranks if r not in culprit]
-    b = parting.deciding(parting.branches(st.get("site"), [o for o in others if o]))
+    before = [(statuses.get(r, {}).get("last") or {}).get("site") for r in ranks if r not in culprit]
+    b = parting.deciding(parting.branches(st.get("site"), [o for o in others if o], before))
     if b is None:
         return None
     return {"rank": culprit[0], "file": b.file, "line": b.line, "text": b.text,

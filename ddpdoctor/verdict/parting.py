@@ -139,25 +139,40 @@ def _pair(mine: Mapping, theirs: Mapping) -> list[Branch]:
     return deeper[::-1] + out
 
 
-def branches(mine: Mapping | None, others: Sequence[Mapping | None]) -> list[Branch]:
+def branches(mine: Mapping | None, others: Sequence[Mapping | None],
+             before: Sequence[Mapping | None] = ()) -> list[Branch]:
     """The branches ``mine``'s call is under and none of ``others``' calls is, innermost first
     (observed ones from the parting frame, candidates from deeper frames). With no other call to
-    compare with (the other ranks made none), every branch around ``mine`` is a candidate."""
+    compare with (the other ranks made none), every branch around ``mine`` is a candidate.
+
+    ``before``: the sites of the other ranks' previous calls (the last ones they completed). A
+    candidate the other ranks' previous call was outside of, in the same frame, is observed too:
+    they were there, and their next call is not under it (they skipped or left it)."""
     if not mine:
         return []
     if all(o is None for o in others):
-        return _pair(mine, {})
-    result: list[Branch] | None = None
-    for other in others:
-        if other is None:
-            continue
-        found = _pair(mine, other)
-        if result is None:
-            result = found
-        else:
-            keep = {(b.file, b.line) for b in found}
-            result = [b for b in result if (b.file, b.line) in keep]
-    return result or []
+        result: list[Branch] | None = _pair(mine, {})
+    else:
+        result = None
+        for other in others:
+            if other is None:
+                continue
+            found = _pair(mine, other)
+            if result is None:
+                result = found
+            else:
+                keep = {(b.file, b.line) for b in found}
+                result = [b for b in result if (b.file, b.line) in keep]
+    result = result or []
+    prev = [p for p in before if p]
+    if prev and any(not b.observed for b in result):
+        seen = None
+        for p in prev:
+            obs = {(b.file, b.line) for b in _pair(mine, p) if b.observed}
+            seen = obs if seen is None else seen & obs
+        result = [Branch(b.file, b.line, b.text, b.kind, True) if (b.file, b.line) in (seen or set()) else b
+                  for b in result]
+    return result
 
 
 def deciding(found: Sequence[Branch]) -> Branch | None:

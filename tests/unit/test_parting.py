@@ -227,3 +227,20 @@ def test_library_per_item_seeds_are_no_finding(tmp_path):
                                           *seeds(r)])
     found = run_check(UnseededRng, tmp_path / "t")
     assert [(x.data.get("what"), x.locations[0].line) for x in found] == [("seed", 10)]
+
+
+def test_where_the_other_rank_was_before_shows_the_branch_it_skipped(tmp_path):
+    """A test under `ddpdoctor.check()`: rank 1 left the test function (its next call is the
+    check's end, made by the test runner, no user frame) while rank 0 calls line 4 under an `if`.
+    Both made their previous call at line 2 of the same function: rank 1 skipped the `if`. Seen,
+    without any analysis of the condition."""
+    f = tmp_path / "test_x.py"
+    f.write_text("def test_hangs():\n    all_reduce(x)\n    if flag():\n        all_reduce(x)\n")
+    rank0 = site((str(f), 4, "test_hangs"))
+    rank1 = site(("/venv/lib/site-packages/pluggy/_callers.py", 121, "_multicall"))
+    rank1_before = site((str(f), 2, "test_hangs"))
+    assert parting.deciding(parting.branches(rank0, [rank1])) is None
+    b = parting.deciding(parting.branches(rank0, [rank1], [rank1_before]))
+    assert b is not None and b.line == 3 and b.observed
+    assert blame.conditioned_side({"all_reduce": rank0, "check_end": rank1},
+                                  {"all_reduce": rank1_before, "check_end": rank1_before}) == "all_reduce"

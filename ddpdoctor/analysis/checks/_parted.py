@@ -19,6 +19,36 @@ from .base import Context
 WINDOW = 64
 
 
+def _reader(ctx: Context, group: str):
+    """``event(rank, seq)``: a rank's sequence event at a position of ``group`` (blocks cached)."""
+    cache: dict[tuple[int, int], list[dict]] = {}
+
+    def event(r: int, s: int) -> dict | None:
+        rt = ctx.run.ranks.get(r)
+        gs = rt.groups.get(group) if rt is not None else None
+        b = (s - 1) // BLOCK
+        if gs is None or s < 1 or b >= len(gs.blocks):
+            return None
+        if (r, b) not in cache:
+            cache[(r, b)] = read_group_events(rt.path, group, gs.blocks[b][2], BLOCK)
+        evs = cache[(r, b)]
+        i = (s - 1) % BLOCK
+        return evs[i] if i < len(evs) else None
+
+    return event
+
+
+def previous_sites(ctx: Context, group: str, point) -> dict[int, dict]:
+    """rank -> the site of its call just before ``point`` (where the ranks still agreed)."""
+    event = _reader(ctx, group)
+    out = {}
+    for r in point.events:
+        ev = event(r, point.seq - 1)
+        if ev is not None:
+            out[r] = ctx.site(r, ev.get("site"))
+    return out
+
+
 def _site_key(site: dict) -> tuple:
     return tuple(tuple(f[:3]) for f in site.get("stack") or []) or (site.get("file"), site.get("line"))
 
@@ -31,19 +61,7 @@ def parted_before(ctx: Context, group: str, point) -> dict | None:
     members = sorted(point.events)
     if len(members) < 2:
         return None
-    cache: dict[tuple[int, int], list[dict]] = {}
-
-    def event(r: int, s: int) -> dict | None:
-        rt = ctx.run.ranks.get(r)
-        gs = rt.groups.get(group) if rt is not None else None
-        b = (s - 1) // BLOCK
-        if gs is None or b >= len(gs.blocks):
-            return None
-        if (r, b) not in cache:
-            cache[(r, b)] = read_group_events(rt.path, group, gs.blocks[b][2], BLOCK)
-        evs = cache[(r, b)]
-        i = (s - 1) % BLOCK
-        return evs[i] if i < len(evs) else None
+    event = _reader(ctx, group)
 
     for s in range(point.seq - 1, max(0, point.seq - 1 - WINDOW), -1):
         at = {r: event(r, s) for r in members}

@@ -184,11 +184,13 @@ class Context:
         via = f" via {s['via']}" if s.get("via") else ""
         return f"{os.path.basename(str(s.get('file', '?')))}:{s.get('line', 0)} {s.get('func', '')}(){via}"
 
-    def split_conditions(self, rank: int, sid, other: list[tuple[int, object]]) -> list[Location]:
+    def split_conditions(self, rank: int, sid, other: list[tuple[int, object]],
+                         before: list | None = None) -> list[Location]:
         """Branch headers enclosing this rank's call that the other ranks' calls are not under,
         where their stacks parted (``verdict.parting``); role ``condition`` for a rank-dependent
-        one (first), ``branch`` otherwise."""
-        found = parting.branches(self.site(rank, sid), [self.site(r, osid) for r, osid in other])
+        one (first), ``branch`` otherwise. ``before``: the sites of the other ranks' previous calls."""
+        found = parting.branches(self.site(rank, sid), [self.site(r, osid) for r, osid in other],
+                                 before or ())
         out = [Location(rank, b.file, b.line, "", b.text, "condition" if b.rank_dependent else "branch")
                for b in found]
         out.sort(key=lambda loc: loc.role != "condition")

@@ -8,7 +8,7 @@ from collections import defaultdict
 from ...trace import ops
 from ...verdict import blame, rankdep
 from ..findings import Location
-from ._parted import parted_before
+from ._parted import parted_before, previous_sites
 from .base import Check, Context, Divergence, fmt
 
 
@@ -34,13 +34,16 @@ def _why(file: str, line: int, text: str) -> str:
     return f" ({j.reason})" if j.state == "yes" and j.reason else ""
 
 
-def culprit(ctx: Context, by_op: dict, point) -> tuple[list[int], str]:
+def culprit(ctx: Context, by_op: dict, point, prev: dict | None = None) -> tuple[list[int], str]:
     """Ranks to blame, by comparing ranks (see ``verdict.blame``): the minority; on a tie, the
-    side whose call sits under a rank-dependent condition the others do not pass."""
+    side whose call sits under a rank-dependent condition the others do not pass (``prev``: rank
+    -> the site of its previous call)."""
     found = blame.minority(by_op)
     if found is not None:
         return found[1], "minority"
-    flagged = blame.conditioned_side(_side_sites(ctx, by_op, point))
+    prev = prev or {}
+    flagged = blame.conditioned_side(_side_sites(ctx, by_op, point),
+                                     {op: prev.get(rs[0]) for op, rs in by_op.items()})
     if flagged is not None:
         return sorted(by_op[flagged]), "condition"
     return [], "tie"
@@ -103,7 +106,8 @@ class DivergentCollectives(Check):
             for r, ev in sorted(p.events.items()):
                 by_op[(ev or {}).get("op")].append(r)
             div = Divergence(group, p, by_op, by_op.get(None, []))
-            blame, why = culprit(ctx, by_op, p)
+            prev = previous_sites(ctx, group, p)
+            blame, why = culprit(ctx, by_op, p, prev)
             parted = parted_before(ctx, group, p) if why != "condition" else None
             if parted is None and any(c.explains(ctx, div) for c in ctx.checks if c.id != self.id):
                 continue  # another check reports the root cause (mismatch, rank failure, uneven inputs...)
@@ -127,7 +131,7 @@ class DivergentCollectives(Check):
                 sid = ev.get("site")
                 others = [(o, p.events[o].get("site")) for op2, rs2 in by_op.items() if op2 != op
                           for o in rs2[:1] if p.events[o] is not None]
-                conds = ctx.split_conditions(rs[0], sid, others)
+                conds = ctx.split_conditions(rs[0], sid, others, [prev.get(o) for o, _ in others])
                 loc = ctx.loc(rs[0], sid)
                 locations.append(loc)
                 text = f"{fmt(rs)} call{'s' if len(rs) == 1 else ''} {describe_op(op, ev)} at {ctx.where(rs[0], sid)}"
