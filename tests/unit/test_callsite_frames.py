@@ -58,3 +58,22 @@ def test_one_user_line_through_different_library_code_is_two_sites():
     assert sids[0] == sids[2] and sids[1] == sids[3] and sids[0] != sids[1]
     assert table.records[sids[1]]["via"].startswith("fakelib barrier")
     assert table.records[sids[0]]["line"] == table.records[sids[1]]["line"]  # the same user line
+
+
+def test_package_metadata_and_ddpdoctors_own_reads_are_not_user_file_operations():
+    """At exit, reading a package's metadata (importlib.metadata, an editable install's
+    *.egg-info) is no file the ranks share; nor is any file operation ddpdoctor's own code makes."""
+    import sys
+
+    import ddpdoctor
+    from ddpdoctor.rank.patches.files import _is_metadata, _own_test
+
+    assert _is_metadata("/work/repo/ddpdoctor.egg-info/PKG-INFO")
+    assert _is_metadata("/opt/venv/lib/python3.11/site-packages/torch-2.13.0.dist-info/METADATA")
+    assert not _is_metadata("/data/run/ckpt.pt")
+    own = _own_test()
+    assert not own(sys._getframe())  # this test is the user's code
+    ns: dict = {}
+    inside = os.path.join(os.path.dirname(ddpdoctor.__file__), "render", "fake_module.py")
+    exec(compile("import sys\nframe = sys._getframe()\n", inside, "exec"), ns)
+    assert own(ns["frame"])
