@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_PIN)" numpy
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,frameworks]"
 	touch $@
 
 setup: $(VENV)/.installed

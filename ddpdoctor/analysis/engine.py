@@ -11,6 +11,7 @@ from ..errors import EXIT_FINDINGS, EXIT_OK, SelectionError
 from . import frmodel
 from .checks import Check, Context, all_checks
 from .findings import SEVERITY_RANK, Finding, sort_key
+from .grouping import group_repeats
 from .run import Run, load_run
 
 
@@ -50,6 +51,7 @@ def analyze(run: Run, select=None, ignore=None) -> tuple[list[Finding], list[str
             findings.extend(check.run(ctx))
         except Exception as exc:  # one broken check must not hide the others' findings
             notes.append(f"check {check.id} ({check.category}) failed: {type(exc).__name__}: {exc}")
+    findings = group_repeats(findings)
     findings.sort(key=sort_key)
     if frmodel.is_fr(run):  # say that they come from Flight Recorder dumps, and what those cannot show
         frmodel.annotate_findings(run, findings)

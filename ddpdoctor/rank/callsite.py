@@ -1,4 +1,5 @@
-"""Finding the user's call site: the first frames outside torch, ddpdoctor and the stdlib glue.
+"""Finding the user's call site: the first frames outside torch, ddpdoctor, installed packages
+(site-packages, dist-packages) and the standard library, however deep the library code is.
 
 A manual frame walk (a few µs) instead of ``traceback.extract_stack`` (about 3x slower). Call
 sites are interned: each distinct stack is described once in the trace (a ``site`` record) and
@@ -38,13 +39,71 @@ def add_skip_prefix(path: str) -> None:
         _SKIP_PREFIXES.append(path)
 
 
+#: Installed third-party code (Lightning, accelerate, transformers...): context, never the user's line.
+_PACKAGES = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+
 def _is_library(filename: str, cache: dict[str, bool] = {}) -> bool:  # noqa: B006 - a cache
+    """Whether a frame of ``filename`` is library code: the user's call site is the first frame
+    (from the call inwards out) that is not. An editable install (``pip install -e``) runs from
+    the user's folder, so it stays the user's code."""
     hit = cache.get(filename)
     if hit is None:
         hit = (filename.startswith(tuple(_SKIP_PREFIXES)) or filename.startswith(_SKIP_NAMES)
-               or (filename.startswith(_STDLIB) and "-packages" + os.sep not in filename))
+               or filename.startswith(_STDLIB) or any(p in filename for p in _PACKAGES))
         cache[filename] = hit
     return hit
+
+
+def _frame_kind(filename: str) -> int:
+    """0: the user's code; 1: library code; 2: an installed package other than torch (Lightning,
+    accelerate...), library code that tells apart two calls from the same user line (part of a
+    site's identity, so that its ``via``/``lib`` are those of the call)."""
+    if not _is_library(filename):
+        return 0
+    if any(p in filename for p in _PACKAGES) and not filename.startswith(tuple(_SKIP_PREFIXES)):
+        return 2
+    return 1
+
+
+def _package(filename: str) -> str:
+    """The top-level package of an installed file (``accelerate`` for
+    ``.../site-packages/accelerate/utils/operations.py``), else the file's base name."""
+    for p in _PACKAGES:
+        i = filename.rfind(p)
+        if i >= 0:
+            return filename[i + len(p):].split(os.sep, 1)[0].removesuffix(".py")
+    for root in _STDLIB:
+        if filename.startswith(root):
+            return filename[len(root):].split(os.sep, 1)[0].removesuffix(".py")
+    return os.path.basename(filename)
+
+
+#: Library frames kept as context per site: the outermost (what the user's line called) and
+#: the innermost (what reached the recorded call).
+LIB_CONTEXT = 6
+
+
+def library_context(lib_frames: list) -> tuple[list[list], str | None]:
+    """From the library frames between the recorded call and the user's line (innermost first,
+    ``(code, line)``): the ``lib`` field (outermost first, ``[file, line, func]``, at most
+    ``LIB_CONTEXT``, the middle of a deep recursion left out) and the ``via`` text: the function
+    the user's line called and the innermost frame outside torch that reached the call, e.g.
+    ``lightning fit (trainer.py:584) ... barrier (ddp.py:303)``."""
+    frames = [(c, ln) for c, ln in reversed(lib_frames)
+              if not c.co_filename.startswith(_HERE) and c.co_name not in _CALL_MACHINERY]
+    if not frames:
+        return [], None
+    if len(frames) > LIB_CONTEXT:
+        half = LIB_CONTEXT // 2
+        frames = frames[:half] + frames[-half:]
+    code, line = frames[0]
+    via = f"{_package(code.co_filename)} {code.co_name} ({os.path.basename(code.co_filename)}:{line})"
+    # ... and the innermost frame of a package other than torch: what reached the call
+    inner = next(((c, ln) for c, ln in reversed(frames[1:]) if _package(c.co_filename) != "torch"), None)
+    if inner is not None:
+        via += f" ... {inner[0].co_name} ({os.path.basename(inner[0].co_filename)}:{inner[1]})"
+    return [[c.co_filename, ln, c.co_name] for c, ln in frames], via
 
 
 class SiteTable:
@@ -59,8 +118,8 @@ class SiteTable:
         # a module, every nested function's code) and f_lineno decodes the line table, each
         # call. _codes holds every code object seen, so no identity in these keys is reused.
         self._codes: dict[int, object] = {}  # identity -> code
-        self._lib: dict[int, bool] = {}  # identity of a code -> is a library frame
-        self._at: dict[tuple, int] = {}  # see at(): (code identity, f_lasti, caller's f_lasti) -> id
+        self._lib: dict[int, int] = {}  # identity of a code -> _frame_kind (0: the user's)
+        self._at: dict[tuple, int] = {}  # see at(): (code identity, f_lasti, caller's f_lasti, frameworks) -> id
 
     def current(self, skip: int = 2) -> int:
         """Id of the call site of the caller's caller (frames of libraries skipped)."""
@@ -82,15 +141,20 @@ class SiteTable:
         each raise an audit event, a Python call into every audit hook (fileaudit's included),
         while ``f_lasti``/``f_back`` do not. Callers further out are not in the key: the same
         helper line reached through the same call line from two different grandparents is one
-        site, whose stack is the one seen first. Frames are classified by ``_is_library``
-        alone, once per code object."""
+        site, whose stack is the one seen first. Framework frames (``_frame_kind`` 2) between
+        the call and the user's frame are in the key. Frames are classified once per code object."""
         start = f
         code = f.f_code
         cid = _identity(code)
         is_lib = self._lib.get(cid)
         if is_lib is None:
             is_lib = self._classify(code, cid)
+        fw: tuple = ()
         while is_lib:  # a call made by a library (FSDP, DDP's join...): find the user's frame
+            if is_lib == 2:
+                # a framework between the call and the user's line (accelerate, Lightning): the
+                # same user line reached through other framework code is another site
+                fw += (cid, f.f_lasti)
             b = f.f_back
             if b is None:
                 break
@@ -101,7 +165,7 @@ class SiteTable:
             if is_lib is None:
                 is_lib = self._classify(code, cid)
         b = f.f_back
-        key = (cid, f.f_lasti, -1 if b is None else b.f_lasti)
+        key = (cid, f.f_lasti, -1 if b is None else b.f_lasti, *fw)
         sid = self._at.get(key)
         if sid is None:
             sid = self._walk(0, start)  # from the call itself: the library entry ("via") too
@@ -109,13 +173,13 @@ class SiteTable:
                 self._at[key] = sid
         return sid
 
-    def _classify(self, code, cid: int) -> bool:
+    def _classify(self, code, cid: int) -> int:
         if len(self._codes) >= 100000:  # bounded; clearing all three keeps every key valid
             self._at.clear()
             self._lib.clear()
             self._codes.clear()
         self._codes[cid] = code
-        is_lib = self._lib[cid] = _is_library(code.co_filename)
+        is_lib = self._lib[cid] = _frame_kind(code.co_filename)
         return is_lib
 
     def _walk(self, skip: int, frame: FrameType | None = None) -> int:
@@ -128,25 +192,30 @@ class SiteTable:
                 return -1
         key: list = []
         lib_frames: list = []
+        context: list = []
         n = 0
         while f is not None and n < STACK_DEPTH:
             code = f.f_code
-            if _is_library(code.co_filename):
-                if not key and len(lib_frames) < 8:
+            kind = _frame_kind(code.co_filename)
+            if kind:
+                if not key and len(lib_frames) < 256:
                     lib_frames.append((code, f.f_lineno))
+                    if kind == 2:
+                        context.append((code, f.f_lineno))
             else:
                 key.append((code, f.f_lineno))
                 n += 1
             f = f.f_back
         tkey = tuple(key)
-        sid = self._ids.get(tkey)
+        ikey = (tkey, tuple(context))
+        sid = self._ids.get(ikey)
         if sid is None:
-            sid = self._new(tkey, lib_frames)
+            sid = self._new(tkey, lib_frames, ikey)
         return sid
 
-    def _new(self, key: tuple, lib_frames: list) -> int:
+    def _new(self, key: tuple, lib_frames: list, ikey: tuple) -> int:
         with self._lock:
-            sid = self._ids.get(key)
+            sid = self._ids.get(ikey)
             if sid is not None:
                 return sid
             sid = len(self._ids)
@@ -155,21 +224,25 @@ class SiteTable:
                 fn = code.co_filename
                 stack.append([fn, line, code.co_name, linecache.getline(fn, line).strip()])
             rec: dict = {"t": "site", "id": sid}
+            lib, via = library_context(lib_frames)
+            if not stack and lib:
+                # No user frame at all (a framework's own thread, a test runner's hook): the
+                # library frame that made the call.
+                fn, ln, name = lib[-1]
+                stack = [[fn, ln, name, linecache.getline(fn, ln).strip()]]
             if stack:
                 rec.update(file=stack[0][0], line=stack[0][1], func=stack[0][2], src=stack[0][3])
             else:
                 rec.update(file="?", line=0, func="?", src="")
             rec["stack"] = stack
-            entry = [(c, ln) for c, ln in lib_frames if not c.co_filename.startswith(_HERE)
-                     and c.co_name not in _CALL_MACHINERY]
-            if entry:
-                # The library function the user line called into (a metric, an optimizer...).
-                code, line = entry[-1]
-                rec["via"] = f"{code.co_name} ({os.path.basename(code.co_filename)}:{line})"
+            if via:
+                # The library code between the user's line and the call (a metric, a framework).
+                rec["via"] = via
+                rec["lib"] = lib
             conds = sourceinfo.conditions_for_stack([(s[0], s[1]) for s in stack])
             if conds:
                 rec["conds"] = conds
-            self._ids[key] = sid
+            self._ids[ikey] = sid
             self.records[sid] = rec
         self._emit(rec)
         return sid

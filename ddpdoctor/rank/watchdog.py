@@ -220,6 +220,9 @@ class Watchdog(threading.Thread):
             st.update(state="collective", op=op, g=g, s=s, site=rec.sites.records.get(site),
                       since_s=round((now - start) / 1e6, 3))
             st["stacks"] = [t for t in _stacks() if t["main"]]
+            if rec.last_event is not None:  # where it was before: how its path left the others'
+                lop, lg, ls, lsite, _end = rec.last_event
+                st["last"] = {"op": lop, "g": lg, "s": ls, "site": rec.sites.records.get(lsite)}
         else:
             st.update(state="running", stacks=_stacks())
             if rec.last_event is not None:

@@ -151,4 +151,5 @@ def open_private(path: str, append: bool = False):
     """A text file ddpdoctor writes beside the traces: created 0644 minus the umask, never
     world-writable (it may hold paths, argv and source lines)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
-    return os.fdopen(os.open(path, flags, 0o644), "a" if append else "w")
+    # open() with an opener (not os.fdopen) so that the file's .name is its path
+    return open(path, "a" if append else "w", opener=lambda p, _f: os.open(p, flags, 0o644))  # noqa: SIM115

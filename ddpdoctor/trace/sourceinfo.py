@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import linecache
 import os
-import re
 import stat
 import threading
 
@@ -17,13 +16,6 @@ import threading
 _Block = tuple
 _cache: dict[str, list[_Block] | None] = {}
 _lock = threading.Lock()
-
-#: Words that make a condition rank-dependent in the eyes of a reader.
-RANK_WORDS = re.compile(
-    r"\b(rank|local_rank|global_rank|get_rank|is_main|is_master|main_process|master|"
-    r"is_primary|primary|leader|is_global_zero|is_local_zero|node_rank|world_size|RANK)\b",
-    re.IGNORECASE,
-)
 
 
 #: Largest source file read (the report reads files named by a trace, which is untrusted input).
@@ -100,10 +92,6 @@ def conditions_for_stack(frames: list[tuple[str, int]]) -> list[list]:
     return out
 
 
-def is_rank_dependent(text: str) -> bool:
-    return bool(RANK_WORDS.search(text))
-
-
 def loop_exits(filename: str, loop_line: int) -> list[list]:
     """Early exits of the loop whose header is at ``loop_line``: ``break`` (not of an inner
     loop), ``return`` and ``raise`` statements in its body, each with the innermost ``if`` that
@@ -139,14 +127,3 @@ def loop_exits(filename: str, loop_line: int) -> list[list]:
         if isinstance(stmt, (ast.Return, ast.Raise, ast.Break)):
             out.append([stmt.lineno, lines[stmt.lineno - 1].strip(), 0, ""])
     return out[:5]
-
-
-def loop_left(inside_conds: list, outside_conds: list) -> dict | None:
-    """When one rank's call is inside a loop that another rank's call is not in, the other rank
-    has left that loop (or never entered it): the innermost such loop and its early exits,
-    ``{"file", "line", "text", "exits": loop_exits(...)}``; None otherwise."""
-    theirs = {(c[0], c[1]) for c in outside_conds or []}
-    for c in reversed(inside_conds or []):
-        if len(c) >= 4 and c[3] in ("for", "while") and (c[0], c[1]) not in theirs:
-            return {"file": c[0], "line": int(c[1]), "text": c[2], "exits": loop_exits(c[0], int(c[1]))}
-    return None

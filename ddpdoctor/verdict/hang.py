@@ -13,8 +13,7 @@ from collections import defaultdict
 
 from ..trace import ops
 from ..trace.ranges import fmt_ranks
-from ..trace.sourceinfo import is_rank_dependent
-from . import blame
+from . import blame, parting
 
 # Verdicts. "stall" means some ranks wait while others still run Python code: it may resolve.
 DIVERGED, DEAD, STALL, ELSEWHERE, BACKEND = "diverged", "rank-gone", "stall", "other-group", "backend"
@@ -148,13 +147,14 @@ def _minority(groups: dict[str, list[int]], statuses: dict[int, dict]) -> tuple[
         return sorted(groups[k]), (f"uneven inputs: it is in a DDP step after {steps[k]} backward "
                                    f"passes, the others ran {others} ({labels})")
     # Otherwise blame the side whose call sits under a rank-dependent condition the others do not.
-    conds = {k: (statuses.get(rs[0], {}).get("site") or {}).get("conds") or [] for k, rs in groups.items()}
-    flagged = blame.conditioned_side(conds)
+    sites = {k: statuses.get(rs[0], {}).get("site") for k, rs in groups.items()}
+    before = {k: (statuses.get(rs[0], {}).get("last") or {}).get("site") for k, rs in groups.items()}
+    flagged = blame.conditioned_side(sites, before)
     if flagged is not None:
         return sorted(groups[flagged]), f"the ranks disagree ({labels}); its call is under a " \
                                         "rank-dependent condition"
     # One side still inside a loop the other has left through a conditional break/return.
-    for _k, k2, loop, exits in blame.left_loops(conds):
+    for _k, k2, loop, exits in blame.left_loops(sites):
         if exits:
             base = os.path.basename(loop["file"])
             return sorted(groups[k2]), (f"the ranks disagree ({labels}); it left the loop at {base}:"
@@ -163,26 +163,19 @@ def _minority(groups: dict[str, list[int]], statuses: dict[int, dict]) -> tuple[
     return [], f"the ranks disagree ({labels})"
 
 
-def _rank_conds(st: dict) -> list:
-    site = st.get("site") or {}
-    return [c for c in site.get("conds") or [] if is_rank_dependent(str(c[2]))]
-
-
 def _condition(culprit: list[int], statuses: dict[int, dict], ranks: list[int]) -> dict | None:
-    """The rank-dependent branch the culprit took and the others did not, if the source shows it."""
+    """The rank-dependent branch the culprit took and the others did not, where their stacks
+    parted (``verdict.parting``)."""
     if not culprit:
         return None
     st = statuses.get(culprit[0], {})
-    others = [statuses.get(r, {}) for r in ranks if r not in culprit]
-    theirs = set()
-    for o in others:
-        for c in (o.get("site") or {}).get("conds") or []:
-            theirs.add((c[0], c[1]))
-    for c in _rank_conds(st):
-        if (c[0], c[1]) not in theirs:
-            return {"rank": culprit[0], "file": c[0], "line": c[1], "text": c[2],
-                    "call": _where(st.get("site"))}
-    return None
+    others = [statuses.get(r, {}).get("site") for r in ranks if r not in culprit]
+    before = [(statuses.get(r, {}).get("last") or {}).get("site") for r in ranks if r not in culprit]
+    b = parting.deciding(parting.branches(st.get("site"), [o for o in others if o], before))
+    if b is None:
+        return None
+    return {"rank": culprit[0], "file": b.file, "line": b.line, "text": b.text,
+            "call": _where(st.get("site"))}
 
 
 def _rows(statuses: dict[int, dict], ranks: list[int]) -> list[list]:

@@ -74,7 +74,8 @@ def test_asymmetric_ops_are_not_compared(tmp_path):
 
 
 def test_loop_exits_and_loop_left(tmp_path):
-    from ddpdoctor.trace.sourceinfo import conditions_for_stack, loop_exits, loop_left
+    from ddpdoctor.trace.sourceinfo import loop_exits
+    from ddpdoctor.verdict.blame import left_loops
 
     src = tmp_path / "train.py"
     src.write_text(
@@ -89,11 +90,12 @@ def test_loop_exits_and_loop_left(tmp_path):
         "    finish()\n")
     exits = loop_exits(str(src), 2)
     assert exits == [[8, "break", 7, "if local_loss(x) < 0.1:"]]
-    inside = conditions_for_stack([(str(src), 6)])
-    outside = conditions_for_stack([(str(src), 9)])
-    found = loop_left(inside, outside)
-    assert found["line"] == 2 and found["exits"] == exits
-    assert loop_left(outside, inside) is None
+    inside = {"stack": [[str(src), 6, "train", "sync(x)"]]}
+    outside = {"stack": [[str(src), 9, "train", "finish()"]]}
+    found = list(left_loops({"in": inside, "out": outside}))
+    assert len(found) == 1
+    k, k2, loop, guarded = found[0]
+    assert (k, k2) == ("in", "out") and loop["line"] == 2 and loop["exits"] == exits and guarded == exits
 
 
 def test_mismatch_when_every_rank_died_inside_the_call(tmp_path):

@@ -56,6 +56,17 @@ def test_silent_cases(tmp_path):
         assert check(tmp_path / str(i), ranks) == [], i
 
 
+def test_a_peek_before_the_loop_is_no_epoch(tmp_path):
+    """`next(iter(loader))` (a peek at the first batch) iterates the sampler once at its own line:
+    with the one epoch that follows it is no repeated order (issue 15)."""
+    peek = {r: [it(5, r, site=("train.py", 20)), it(5, r, site=("train.py", 24))] for r in (0, 1)}
+    assert check(tmp_path, peek) == []
+    # two real epochs at the loop's line still repeat the order, peek or not
+    two = {r: [it(5, r, site=("train.py", 20)), it(5, r, site=("train.py", 24)), it(5, r, site=("train.py", 24))]
+           for r in (0, 1)}
+    assert what(check(tmp_path / "b", two)) == [("no-set-epoch", "warning")]
+
+
 def test_epochs_that_differ_across_ranks(tmp_path):
     ranks = {0: [set_epoch(5, 0), it(5, 0, 0), set_epoch(5, 1), it(5, 0, 1)],
              1: [set_epoch(5, 0), it(5, 1, 0), set_epoch(5, 2), it(5, 1, 2)],

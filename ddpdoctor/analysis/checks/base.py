@@ -19,7 +19,7 @@ from functools import cached_property
 from typing import Any, Callable, ClassVar, TypeVar
 
 from ddpdoctor.trace.ranges import fmt_ranks
-from ddpdoctor.trace.sourceinfo import is_rank_dependent
+from ddpdoctor.verdict import parting
 
 from .. import align
 from ..findings import SEVERITIES, Finding, Location
@@ -184,19 +184,15 @@ class Context:
         via = f" via {s['via']}" if s.get("via") else ""
         return f"{os.path.basename(str(s.get('file', '?')))}:{s.get('line', 0)} {s.get('func', '')}(){via}"
 
-    def split_conditions(self, rank: int, sid, other: list[tuple[int, object]]) -> list[Location]:
-        """Branch headers enclosing this rank's call that the other ranks' calls are not under."""
-        mine = self.site(rank, sid).get("conds") or []
-        theirs = set()
-        for r, osid in other:
-            for c in self.site(r, osid).get("conds") or []:
-                theirs.add((c[0], c[1]))
-        out = []
-        for c in mine:
-            if (c[0], c[1]) in theirs:
-                continue
-            out.append(Location(rank, c[0], int(c[1]), "", c[2],
-                                "condition" if is_rank_dependent(c[2]) else "branch"))
+    def split_conditions(self, rank: int, sid, other: list[tuple[int, object]],
+                         before: list | None = None) -> list[Location]:
+        """Branch headers enclosing this rank's call that the other ranks' calls are not under,
+        where their stacks parted (``verdict.parting``); role ``condition`` for a rank-dependent
+        one (first), ``branch`` otherwise. ``before``: the sites of the other ranks' previous calls."""
+        found = parting.branches(self.site(rank, sid), [self.site(r, osid) for r, osid in other],
+                                 before or ())
+        out = [Location(rank, b.file, b.line, "", b.text, "condition" if b.rank_dependent else "branch")
+               for b in found]
         out.sort(key=lambda loc: loc.role != "condition")
         return out
 

@@ -6,8 +6,9 @@ import os
 from collections import defaultdict
 
 from ...trace import ops
-from ...verdict import blame
+from ...verdict import blame, rankdep
 from ..findings import Location
+from ._parted import parted_before, previous_sites
 from .base import Check, Context, Divergence, fmt
 
 
@@ -18,22 +19,31 @@ def describe_op(op: str | None, ev: dict | None) -> str:
     return f"{base} #{ev.get('s')}" if ev and ev.get("s") else base
 
 
-def _side_conds(ctx: Context, by_op: dict, point) -> dict:
-    """Per side, the branch headers around its first rank's call (none for ranks with no call)."""
+def _side_sites(ctx: Context, by_op: dict, point) -> dict:
+    """Per side, the site record of its first rank's call (None for ranks with no call)."""
     out = {}
     for op, rs in by_op.items():
         ev = point.events[rs[0]]
-        out[op] = (ctx.site(rs[0], ev.get("site")).get("conds") or []) if ev is not None else []
+        out[op] = ctx.site(rs[0], ev.get("site")) if ev is not None else None
     return out
 
 
-def culprit(ctx: Context, by_op: dict, point) -> tuple[list[int], str]:
+def _why(file: str, line: int, text: str) -> str:
+    """What makes a condition rank-dependent, when the analysis says (`` (it depends on ...)``)."""
+    j = rankdep.judge(file, line, text)
+    return f" ({j.reason})" if j.state == "yes" and j.reason else ""
+
+
+def culprit(ctx: Context, by_op: dict, point, prev: dict | None = None) -> tuple[list[int], str]:
     """Ranks to blame, by comparing ranks (see ``verdict.blame``): the minority; on a tie, the
-    side whose call sits under a rank-dependent condition the others do not pass."""
+    side whose call sits under a rank-dependent condition the others do not pass (``prev``: rank
+    -> the site of its previous call)."""
     found = blame.minority(by_op)
     if found is not None:
         return found[1], "minority"
-    flagged = blame.conditioned_side(_side_conds(ctx, by_op, point))
+    prev = prev or {}
+    flagged = blame.conditioned_side(_side_sites(ctx, by_op, point),
+                                     {op: prev.get(rs[0]) for op, rs in by_op.items()})
     if flagged is not None:
         return sorted(by_op[flagged]), "condition"
     return [], "tie"
@@ -62,7 +72,7 @@ def loop_split(ctx: Context, by_op: dict, point) -> dict | None:
     early exits (``break``/``return`` under a condition), and blame the side that left when
     the loop has such exits (a decision on a rank-local value); with none, the loop simply ran
     a different number of times (different data lengths) and nobody is blamed."""
-    for op, op2, found, exits in blame.left_loops(_side_conds(ctx, by_op, point)):
+    for op, op2, found, exits in blame.left_loops(_side_sites(ctx, by_op, point)):
         rs, rs2 = by_op[op], by_op[op2]
         base = os.path.basename(found["file"])
         text = (f"{fmt(rs2)} left the loop at {base}:{found['line']} `{found['text']}` that "
@@ -96,9 +106,14 @@ class DivergentCollectives(Check):
             for r, ev in sorted(p.events.items()):
                 by_op[(ev or {}).get("op")].append(r)
             div = Divergence(group, p, by_op, by_op.get(None, []))
-            if any(c.explains(ctx, div) for c in ctx.checks if c.id != self.id):
+            prev = previous_sites(ctx, group, p)
+            blame, why = culprit(ctx, by_op, p, prev)
+            parted = parted_before(ctx, group, p) if why != "condition" else None
+            if parted is None and any(c.explains(ctx, div) for c in ctx.checks if c.id != self.id):
                 continue  # another check reports the root cause (mismatch, rank failure, uneven inputs...)
-            blame, why = culprit(ctx, by_op, p)
+            if parted is not None:
+                findings.append(self._parted(ctx, group, p, by_op, parted))
+                continue
             loop = loop_split(ctx, by_op, p) if not blame else None
             if loop is not None and loop["culprit"]:
                 blame, why = loop["culprit"], "loop"
@@ -116,7 +131,7 @@ class DivergentCollectives(Check):
                 sid = ev.get("site")
                 others = [(o, p.events[o].get("site")) for op2, rs2 in by_op.items() if op2 != op
                           for o in rs2[:1] if p.events[o] is not None]
-                conds = ctx.split_conditions(rs[0], sid, others)
+                conds = ctx.split_conditions(rs[0], sid, others, [prev.get(o) for o, _ in others])
                 loc = ctx.loc(rs[0], sid)
                 locations.append(loc)
                 text = f"{fmt(rs)} call{'s' if len(rs) == 1 else ''} {describe_op(op, ev)} at {ctx.where(rs[0], sid)}"
@@ -124,7 +139,7 @@ class DivergentCollectives(Check):
                     text += " (still waiting in it)"
                 for c in conds[:1]:
                     locations.append(c)
-                    text += f", reached through {c.short()} `{c.source}`"
+                    text += f", reached through {c.short()} `{c.source}`" + _why(c.file, c.line, c.source)
                 parts.append(text)
                 evidence.append([fmt(rs), describe_op(op, ev), ctx.where(rs[0], sid)])
             caller = common_caller(ctx, [(rs[0], p.events[rs[0]].get("site")) for op, rs in by_op.items()
@@ -144,3 +159,39 @@ class DivergentCollectives(Check):
                                          data={"group": group, "seq": p.seq, "culprit": blame,
                                                "ops": {str(k): v for k, v in by_op.items()}}))
         return findings
+
+    def _parted(self, ctx: Context, group: str, p, by_op: dict, parted: dict):
+        """The ranks matched the same op from different call sites, one under a rank-dependent
+        branch (a user's barrier paired with a framework's), and diverged later."""
+        s = parted["seq"]
+        op = next(iter(parted["events"].values())).get("op")
+        locations: list[Location] = []
+        parts = []
+        evidence = []
+        for key, rs in sorted(parted["sides"].items(), key=lambda kv: kv[0] != parted["flagged"]):
+            ev = parted["events"][rs[0]]
+            sid = ev.get("site")
+            text = f"{fmt(rs)} call{'s' if len(rs) == 1 else ''} it at {ctx.where(rs[0], sid)}"
+            locations.append(ctx.loc(rs[0], sid))
+            b = parted["branch"] if key == parted["flagged"] else None
+            if b is not None:
+                text += f", reached through {os.path.basename(b.file)}:{b.line} `{b.text}`" + \
+                    _why(b.file, b.line, b.text)
+                locations.append(Location(rs[0], b.file, b.line, "", b.text, "condition"))
+            parts.append(text)
+            evidence.append([fmt(rs), describe_op(op, ev), ctx.where(rs[0], sid)])
+        later = "; ".join(f"{fmt(rs)}: {describe_op(o, p.events[rs[0]])}" for o, rs in sorted(
+            by_op.items(), key=lambda kv: (kv[0] is None, kv[1])))
+        blame = parted["culprit"]
+        msg = (f"In process group {group}, the ranks parted at collective #{s} ({describe_op(op, None)} on every "
+               f"rank, but from different call sites): " + "; ".join(parts) + ". The calls paired up, so the "
+               f"sequences only disagree later, at collective #{p.seq} ({later}). Culprit: {fmt(blame)} (its "
+               "call is under a rank-dependent condition; the others' matching call is another one, e.g. "
+               "a framework's own). Such a program hangs until the backend's timeout or exchanges wrong data.")
+        for rs in by_op.values():
+            ev = p.events[rs[0]]
+            if ev is not None:
+                locations.append(ctx.loc(rs[0], ev.get("site"), "diverged"))
+        return self.finding(msg, blame, locations, evidence=evidence,
+                            data={"group": group, "seq": s, "diverged_at": p.seq, "culprit": blame,
+                                  "ops": {str(k): v for k, v in by_op.items()}})

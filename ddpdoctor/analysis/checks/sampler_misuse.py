@@ -66,7 +66,10 @@ class SamplerMisuse(Check):
                     continue  # epochs do advance: repeated iterations within an epoch are deliberate
                 seen: dict = defaultdict(int)
                 for r in recs:
-                    seen[(r.get("seed"), r.get("epoch"), r.get("n"), r.get("data_fp"))] += 1
+                    # Per iterating line: a peek (`next(iter(loader))` before the loop) is no epoch.
+                    it = ctx.site(rank, r.get("site"))
+                    seen[(r.get("seed"), r.get("epoch"), r.get("n"), r.get("data_fp"),
+                          it.get("file"), it.get("line"))] += 1
                 repeats = max(seen.values())
                 if repeats < 2:
                     continue

@@ -197,6 +197,8 @@ class UnseededRng(Check):
                 continue  # DDP broadcasts the weights; FSDP/DTensor shards differ by design
             if len({(o.get("cls"), o.get("nparams")) for o in per_rank.values()}) > 1:
                 continue  # different models per rank (pipeline stages): nothing to compare
+            if _wrapped_after(ctx, per_rank):
+                continue  # optimizer built before the DDP wrapping (nanoGPT): DDP broadcast them
             groups = by_value({r: o.get("fp") for r, o in per_rank.items()})
             if len(groups) < 2 or "?" in groups:
                 continue
@@ -235,8 +237,9 @@ class UnseededRng(Check):
     # -- seeds ------------------------------------------------------------------------------------
     def _seeds(self, ctx: Context, cited: set, clean: bool) -> list:
         out = []
+        per_item = _library_per_item_seeds(ctx)
         for key, per_rank in aligned(ctx, "seed").items():
-            if len(per_rank) < 2 or key[:2] in cited:
+            if len(per_rank) < 2 or key[:2] in cited or key[:2] in per_item:
                 continue
             groups = by_value({r: s.get("value") for r, s in per_rank.items()})
             if len(groups) < 2:
@@ -253,3 +256,32 @@ class UnseededRng(Check):
             out.append(self.finding(msg, sorted(per_rank), [ctx.loc(r0, s0.get("site"), "seed")],
                                     kind="seed", data={"what": "seed", "site": list(key[:2])}))
         return out
+
+
+def _wrapped_after(ctx: Context, per_rank: dict) -> bool:
+    """Whether every rank wrapped this optimizer's parameters in DistributedDataParallel after
+    building the optimizer (its ``in_ddp`` counted 0 then): a ``ddp`` record whose parameters
+    before the broadcast are the optimizer's (same fingerprint, else same count). DDP overwrites
+    them in place with rank 0's, so the optimizer trains the same weights on every rank."""
+    for r, o in per_rank.items():
+        fp, n = o.get("fp"), o.get("nparams")
+        if not any(d.get("init_fp") == fp or (n is not None and d.get("nparams") == n)
+                   for d in ctx.run.ranks[r].records("ddp")):
+            return False
+    return True
+
+
+def _library_per_item_seeds(ctx: Context) -> set[tuple]:
+    """Sites ``(file, line)`` where library code (the site has ``via``: a dataset of torchvision
+    seeding per sample, say) seeds the generator more than once per rank: a seed per item, a
+    function of the item, not of the rank. That the ranks' items differ is the sampler's job."""
+    counts: dict[tuple, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    via: set[tuple] = set()
+    for r, rt in ctx.run.ranks.items():
+        for s in rt.records("seed"):
+            site = ctx.site(r, s.get("site"))
+            key = (site.get("file", "?"), int(site.get("line", 0) or 0))
+            counts[key][r] += 1
+            if site.get("via"):
+                via.add(key)
+    return {k for k in via if all(n > 1 for n in counts[k].values())}

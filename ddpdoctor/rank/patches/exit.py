@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import os
 import signal
 import sys
 import traceback
@@ -77,11 +78,13 @@ def install(rec) -> None:
         exc = sys.exc_info()[1]
         if exc is not None:
             record_exception(rec, exc)
+        clean = False
         # After an output fault (outfault) the exit record still goes to the in-flight slot.
         if not rec.exit_recorded and (rec.writer is not None or rec.output_fault is not None):
             rec.exit_recorded = True
             try:
                 rec.emit(normal_exit(rec))
+                clean = True
                 if rec.watchdog is not None:
                     rec.watchdog.publish_exit({"how": "exited normally", "seq": rec.position()})
             except Exception:
@@ -89,10 +92,29 @@ def install(rec) -> None:
         if rec.watchdog is not None:
             rec.watchdog.stop()
         rec.close()
+        if clean:
+            _tidy(rec)
 
     atexit.register(at_exit)
     _register_mp_exit(at_exit)
     _install_signal_dumps(rec)
+
+
+def _tidy(rec) -> None:
+    """After a normal exit the sidecar files hold nothing: the in-flight file (the rank is inside
+    no call any more) and an empty stack dump are removed, so a clean run leaves its traces only.
+    faulthandler keeps its descriptor: a crash later in teardown writes to the unlinked file."""
+    slot = rec.slot  # left mapped: a thread still in a call writes to the unlinked file
+    try:
+        if slot is not None:
+            os.unlink(slot.path)
+        sf = rec.stacks_file
+        if sf is not None:
+            sf.flush()
+            if os.path.getsize(sf.name) == 0:
+                os.unlink(sf.name)
+    except (OSError, ValueError):
+        pass
 
 
 def _register_mp_exit(at_exit) -> None:

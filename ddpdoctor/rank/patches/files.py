@@ -86,6 +86,40 @@ def _torch_internal_test():
     return internal
 
 
+def _is_metadata(path: str) -> bool:
+    """Package metadata (``*.dist-info``, ``*.egg-info``: read by importlib.metadata, entry points,
+    version checks) is never a file the ranks share as data."""
+    return (".dist-info" + os.sep in path or ".egg-info" + os.sep in path
+            or path.endswith((".dist-info", ".egg-info")))
+
+
+def _own_test():
+    """A predicate on the calling frame: is this file operation ddpdoctor's own (its first caller
+    outside the standard library is ddpdoctor: reading sources for call sites, exit handling)?"""
+    import sysconfig
+
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+    stdlib = {os.path.dirname(os.__file__) + os.sep}
+    for key in ("stdlib", "platstdlib"):
+        try:
+            stdlib.add(sysconfig.get_paths()[key] + os.sep)
+        except KeyError:
+            pass
+    skip = tuple(stdlib) + ("<frozen ",)
+
+    def own(frame) -> bool:
+        while frame is not None:
+            fn = frame.f_code.co_filename
+            if fn.startswith(here):
+                return True
+            if not fn.startswith(skip) or "-packages" + os.sep in fn:
+                return False
+            frame = frame.f_back
+        return False
+
+    return own
+
+
 #: Filesystems that live on one machine: the same path on two hosts is two different files.
 _LOCAL_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "ramfs",
                        "devtmpfs", "f2fs", "vfat", "exfat", "ntfs", "ntfs3", "jfs", "reiserfs",
@@ -126,6 +160,7 @@ def install(rec) -> None:
     rec.installed.add("files")
     ignored = _ignored_prefixes(rec)
     torch_internal = _torch_internal_test()
+    own = _own_test()
     is_local = _local_fs_test()
     ignored_suffixes = (".py", ".pyc", ".so", ".pth", tracefiles.SUFFIX, tracefiles.STACKS_SUFFIX)
     seen: set = set()
@@ -167,7 +202,8 @@ def install(rec) -> None:
             path = os.path.abspath(path)
             if path.startswith(ignored) or path.endswith(ignored_suffixes):
                 return
-            if torch_internal(sys._getframe(1)):
+            if torch_internal(sys._getframe(1)) or _is_metadata(path) or \
+                    (event != "ddpdoctor.write" and own(sys._getframe(1))):
                 return
             pos = r.position()
             done = _completed(r, pos)
