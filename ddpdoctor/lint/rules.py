@@ -18,7 +18,7 @@ from .rules_files import FileRules
 
 #: The order in which the rules run (their findings are sorted afterwards; a rule whose id is
 #: not here is a programming error).
-ORDER = ("DD002", "DD003", "DD004", "DD005", "DD007", "DD010", "DD012", "DD014", "DD011")
+ORDER = ("DD002", "DD003", "DD004", "DD005", "DD007", "DD010", "DD012", "DD013", "DD014", "DD011")
 
 
 class Rules:

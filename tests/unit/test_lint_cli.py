@@ -34,6 +34,7 @@ BAD = {
     "uneven-inputs": [("DD006", 25)],
     "unseeded-rng": [("DD004", 25), ("DD004", 27)],
     "batchnorm-sync": [("DD014", 26)],
+    "replica-drift": [("DD013", 28)],
 }
 #: Deliberately buggy examples and their documented bugs.
 EXAMPLES_BUGGY = {

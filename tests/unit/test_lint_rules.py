@@ -672,3 +672,53 @@ def test_settings_without_a_toml_reader_fall_back_with_a_note(tmp_path, monkeypa
     monkeypatch.setitem(sys.modules, "tomllib", None)  # as on Python 3.9/3.10
     cfg = load_config(str(p))
     assert cfg.rank_names == [] and "needs Python 3.11" in cfg.notes[0]
+
+
+def test_dd013_parameters_changed_on_some_ranks_after_wrapping():
+    # rank 0 re-initialises a layer after DDP's broadcast, then every rank trains
+    assert found("""\
+        rank = dist.get_rank()
+        model = DDP(net)
+        if rank == 0:
+            nn.init.xavier_uniform_(net[0].weight)
+        for x in loader:
+            model(x).sum().backward()
+        """) == [("DD013", "error", 4)]
+    assert found("""\
+        rank = dist.get_rank()
+        model = DDP(net)
+        if rank == 0:
+            model.module.load_state_dict(ckpt)
+        for x in loader:
+            model(x).sum().backward()
+        """) == [("DD013", "error", 4)]
+    # changed before wrapping (DDP broadcasts rank 0's values), on every rank, repaired by a
+    # broadcast, or at the end of training: quiet
+    assert not [f for f in found("""\
+        rank = dist.get_rank()
+        if rank == 0:
+            model.load_state_dict(ckpt)
+        model = DDP(model)
+        with torch.no_grad():
+            model.module[0].weight.normal_()
+        for x in loader:
+            model(x).sum().backward()
+        """) if f[0] == "DD013"]
+    assert not [f for f in found("""\
+        rank = dist.get_rank()
+        model = DDP(net)
+        if rank == 0:
+            model.module.load_state_dict(ckpt)
+        for p in model.parameters():
+            dist.broadcast(p.data, 0)
+        for x in loader:
+            model(x).sum().backward()
+        """) if f[0] == "DD013"]
+    assert not [f for f in found("""\
+        rank = dist.get_rank()
+        model = DDP(net)
+        for x in loader:
+            model(x).sum().backward()
+        if rank == 0:
+            model.module.load_state_dict(best)
+        """) if f[0] == "DD013"]
