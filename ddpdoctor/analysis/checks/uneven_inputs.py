@@ -123,7 +123,9 @@ def _rank_condition(ctx: Context, p) -> bool:
         others = [(o, p.events[o].get("site")) for op2, rs2 in by_op.items() if op2 != op
                   for o in rs2[:1]]
         conds = ctx.split_conditions(rs[0], p.events[rs[0]].get("site"), others)
-        if any(c.role == "condition" for c in conds):
+        # A `for` over per-rank data is uneven inputs itself (its trip count differs), not a branch
+        if any(c.role == "condition" and not c.source.lstrip().startswith(("for ", "async for "))
+               for c in conds):
             return True
     return False
 

@@ -21,6 +21,8 @@ _WATCH = {"open": None, "os.remove": "rm", "os.rename": "mv", "os.mkdir": "mkdir
           "ddpdoctor.write": "w",
           # existence checks and listings are reads (probes.py raises ddpdoctor.stat for os.stat)
           "ddpdoctor.stat": "r", "os.listdir": "r", "os.scandir": "r", "glob.glob/2": "r"}
+#: The os.stat wrapper's file: its frames are skipped when deciding whose existence check it is.
+_PROBES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probes.py")
 #: Audit events that only look at a path: the record's ``probe`` field.
 _PROBES = {"ddpdoctor.stat": "stat", "os.listdir": "listdir", "os.scandir": "listdir", "glob.glob/2": "glob"}
 #: Position of the ``dir_fd`` argument per event: a path relative to a directory descriptor
@@ -202,8 +204,12 @@ def install(rec) -> None:
             path = os.path.abspath(path)
             if path.startswith(ignored) or path.endswith(ignored_suffixes):
                 return
-            if torch_internal(sys._getframe(1)) or _is_metadata(path) or \
-                    (event != "ddpdoctor.write" and own(sys._getframe(1))):
+            caller = sys._getframe(1)
+            if event == "ddpdoctor.stat":  # raised by the os.stat wrapper: judge who called os.stat
+                while caller is not None and caller.f_code.co_filename == _PROBES_FILE:
+                    caller = caller.f_back
+            if torch_internal(caller) or _is_metadata(path) or \
+                    (event != "ddpdoctor.write" and own(caller)):
                 return
             pos = r.position()
             done = _completed(r, pos)
