@@ -92,7 +92,7 @@ def install(rec) -> None:
         if rec.watchdog is not None:
             rec.watchdog.stop()
         rec.close()
-        if clean:
+        if clean and rec.output_fault is None:  # after an output fault the slot holds what was kept
             _tidy(rec)
 
     atexit.register(at_exit)
