@@ -132,15 +132,15 @@ def run(quick: bool, log=print, base: str | None = None) -> tuple[list[Row], dic
     big = measure(big_n, base, log)
     mem = big["maxrss_mb"] / small["maxrss_mb"]
     rows = [
-        Row("6", f"FR dumps: report on {big_n} ranks x {ENTRIES} entries", f"{big['wall_s']:.1f} s",
+        Row("7", f"FR dumps: report on {big_n} ranks x {ENTRIES} entries", f"{big['wall_s']:.1f} s",
             f"<= {TIME_TARGET_S:.0f} s" if not quick else "", big["wall_s"] <= TIME_TARGET_S if not quick else None,
             f"{big['cpu_s']:.1f} s CPU, {big['entries_per_s'] / 1000:.0f}k entries/s, peak RSS "
             f"{big['maxrss_mb']:.0f} MB (tree {big['tree_peak_mb']:.0f} MB), {big['bytes'] / 2**20:.0f} MB of dumps; "
             f"culprit {'found' if big['found'] else 'MISSED'}", big["wall_s"], big),
-        Row("6", f"FR dumps: peak memory, {big_n} vs {small_n} ranks", f"{mem:.2f}x", f"<= {MEMORY_TOLERANCE}x",
+        Row("7", f"FR dumps: peak memory, {big_n} vs {small_n} ranks", f"{mem:.2f}x", f"<= {MEMORY_TOLERANCE}x",
             mem <= MEMORY_TOLERANCE, f"{small['maxrss_mb']:.0f} MB -> {big['maxrss_mb']:.0f} MB (tree "
             f"{small['tree_peak_mb']:.0f} -> {big['tree_peak_mb']:.0f} MB)", mem),
-        Row("6", "FR dumps: injected culprit found", "found" if small["found"] and big["found"] else "MISSED",
+        Row("7", "FR dumps: injected culprit found", "found" if small["found"] and big["found"] else "MISSED",
             "found", small["found"] and big["found"], "", None),
     ]
     return rows, {"results": [small, big]}
