@@ -166,7 +166,7 @@ def run(quick: bool, log=print, watchdog: bool = WATCHDOG) -> tuple[list[Row], d
     why = available()
     if why:
         log(f"  skipped: {why}")
-        return [Row("6", "instruction counts", "skipped", "", None, why)], {"skipped": why}
+        return [Row("8", "instruction counts", "skipped", "", None, why)], {"skipped": why}
     tools = ["callgrind"] + (["strace"] if shutil.which("strace") else [])
     if "strace" not in tools:
         log("  strace not installed: syscalls per call skipped")
@@ -208,12 +208,12 @@ def _rows(results: dict, watchdog: bool = WATCHDOG) -> list[Row]:
             ratio = t["per_call"] / p["per_call"]
             notes.insert(0, f"{_fmt(p['per_call'])} plain, {_fmt(t['per_call'])} traced "
                             f"({t['per_call'] - p['per_call']:+,.0f} instructions/{unit})")
-            rows.append(Row("6", f"instructions: {LABELS[op]}", f"{ratio:.3f}x",
+            rows.append(Row("8", f"instructions: {LABELS[op]}", f"{ratio:.3f}x",
                             f"<= {target}x" if target else "", ratio <= target if target else None,
                             "; ".join(notes), ratio, {"plain": p, "traced": t, "strace_plain": sp,
                                                       "strace_traced": stt}))
         else:
             err = p.get("error") or t.get("error") or "not measured"
-            rows.append(Row("6", f"instructions: {LABELS[op]}", "n/a", f"<= {target}x" if target else "",
+            rows.append(Row("8", f"instructions: {LABELS[op]}", "n/a", f"<= {target}x" if target else "",
                             None, f"error: {err}"))
     return rows
