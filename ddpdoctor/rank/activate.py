@@ -67,6 +67,9 @@ def on_torch_imported() -> None:
             return
         patch_ddp.patch()
         patch_data.patch()
+        from .patches import coverage as patch_coverage
+
+        patch_coverage.patch()
         exithooks.wrap_spawn_worker()
         os.register_at_fork(after_in_child=_after_fork_in_child)
         del rec

@@ -126,9 +126,11 @@ def write_traces(folder, ranks: dict[int, list[dict]], world: int | None = None,
         for i, rec in enumerate(recs):
             rec = dict(rec)
             rec.setdefault("ts", 1000 * (i + 1))
-            for field in ("site", "created"):
+            for field in ("site", "created", "order"):
                 if isinstance(rec.get(field), (tuple, list)):
                     rec[field] = sites.intern(rec[field])
+            if isinstance(rec.get("dl"), list) and isinstance(rec["dl"][0], (tuple, list)):
+                rec["dl"] = [sites.intern(rec["dl"][0]), rec["dl"][1]]  # a file read for a DataLoader pass
             body.append(rec)
         body.append(records.exit_record("normal", ts=10 ** 9))
         head = header(rank, world, run=run, host=(hosts or {}).get(rank, "h"), pid=1000 + rank, torch="2.x",

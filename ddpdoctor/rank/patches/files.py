@@ -213,7 +213,9 @@ def install(rec) -> None:
                 return
             pos = r.position()
             done = _completed(r, pos)
-            key = (op, path, tuple(sorted(pos.items())), tuple(sorted(done.items())), probe)
+            dl = getattr(r.local, "dl", None)  # set by coverage.py while a DataLoader draws a batch
+            key = (op, path, tuple(sorted(pos.items())), tuple(sorted(done.items())), probe,
+                   tuple(dl) if dl else None)
             if key in seen:
                 return
             if state["n"] >= MAX_RECORDS:
@@ -229,6 +231,8 @@ def install(rec) -> None:
                 rec_["done"] = done
             if append:
                 rec_["app"] = 1
+            if dl:
+                rec_["dl"] = dl
             if is_local(path):
                 rec_["loc"] = 1  # compared only with ranks on the same host
             if probe is not None:

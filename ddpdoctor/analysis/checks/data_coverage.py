@@ -1,0 +1,257 @@
+"""data-coverage: within a pass over the data (an epoch), the ranks' samples should partition it.
+
+From the ``cov`` records (one per pass over a DataLoader per rank: the base-dataset indices it
+drew, see rank/patches/coverage.py) and the ``file`` reads made while a DataLoader drew a batch
+(``dl``). Passes are matched across ranks by the line that created the loader and the number of
+the pass on that line.
+
+* indices: ranks whose shards overlap beyond DistributedSampler's padding (error under a
+  DistributedSampler, warning for other samplers), a DistributedSampler fed datasets of different
+  lengths, shards of a DistributedSampler that leave samples out (beyond drop_last), and every
+  rank drawing the very same samples (warning when a DDP model trains on them, info otherwise);
+* files (IterableDatasets that shard by hand): every rank reading the same files, or files read
+  by several ranks in one pass (with the files no rank read that pass but another pass did).
+
+Quiet by design: samplers with replacement, passes over datasets whose identity differs across
+ranks (per-rank data: indices mean different samples), ranks sharing one shard of a
+DistributedSampler (same ``rank`` argument: tensor/pipeline parallel peers), padding and
+drop_last, and the missing part of a pass a rank left early (Join, early stopping).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+from ._coverage import at_rate, compare, decode
+from ._records import by_value, describe, site_key
+from .base import Check, Context, Kind, fmt
+
+
+def _ddp_spans(ctx: Context, ranks) -> bool:
+    """Whether one DDP module's group holds at least two of ``ranks`` (they train one model, so
+    their data should differ)."""
+    want = set(ranks)
+    world = set(ctx.run.ranks)
+    for rank, rt in ctx.run.ranks.items():
+        members = {p.get("g"): set(p.get("ranks") or ()) for p in rt.records("pg") if p.get("ranks")}
+        for d in rt.records("ddp"):
+            g = d.get("g", "0")
+            m = world if g == "0" else members.get(g, {rank})
+            if len(m & want) >= 2:
+                return True
+    return False
+
+
+#: Samplers that draw every index of the dataset they are given (without replacement).
+_WHOLE = frozenset({"RandomSampler", "SequentialSampler"})
+
+
+def _scale(n: int, rate: int) -> str:
+    return str(n) if not rate else f"about {n << rate}"
+
+
+class DataCoverage(Check):
+    id = "DD017"
+    category = "data-coverage"
+    severity = "error"
+    title = "Ranks' data shards overlap or leave samples out"
+    fix = ("Shard one common order: the same dataset and the same seed on every rank, then "
+           "DistributedSampler (with set_epoch) or files[rank::world] after a shuffle with a "
+           "generator seeded the same on every rank.")
+    kinds = {
+        "overlap": Kind(title="DistributedSampler shards overlap across ranks"),
+        "lengths": Kind(title="DistributedSampler sees datasets of different lengths on different ranks",
+                        fix=("Build the dataset the same way on every rank (no rank-dependent filter or "
+                             "split) before handing it to DistributedSampler.")),
+        "sampler-overlap": Kind(severity="warning", title="Ranks draw overlapping samples in the same epoch"),
+        "missing": Kind(severity="warning", title="DistributedSampler shards leave samples out",
+                        fix="Give every rank the same sampler settings (num_replicas = world size, each rank its own rank)."),
+        "whole": Kind(severity="warning", title="Every rank draws the whole dataset (no DistributedSampler)",
+                      fix=("Pass sampler=DistributedSampler(dataset) to the DataLoader (and call "
+                           "set_epoch each epoch), or shard the data by rank.")),
+        "same-files": Kind(severity="warning", title="Every rank reads the same data files in an epoch",
+                           fix="Give each rank its shard of the files: files[rank::world] of one common order."),
+        "file-overlap": Kind(severity="warning", title="Ranks read overlapping data files in the same epoch"),
+    }
+
+    def run(self, ctx: Context):
+        passes = self._passes(ctx)
+        out = []
+        seen: dict[tuple, object] = {}
+        for key, per_rank in sorted(passes.items(), key=lambda kv: (str(kv[0][0]), kv[0][1], kv[0][2] or 0)):
+            for f in self._indices(ctx, key, per_rank) + self._files(ctx, key, per_rank):
+                # the same finding every epoch: reported once, with the number of passes
+                first = seen.get((f.data.get("what"), key[:2]))
+                if first is not None:
+                    first.data["passes"] += 1
+                    continue
+                f.data["passes"] = 1
+                seen[(f.data.get("what"), key[:2])] = f
+                out.append(f)
+        return out
+
+    @staticmethod
+    def _passes(ctx: Context) -> dict[tuple, dict[int, dict]]:
+        """(loader file, line, pass) -> {rank: cov record}."""
+        out: dict[tuple, dict[int, dict]] = defaultdict(dict)
+        for rank, rt in ctx.run.ranks.items():
+            for rec in rt.records("cov"):
+                f, line = site_key(ctx, rank, rec.get("created"))
+                out[(f, line, rec.get("it"))][rank] = rec
+        return out
+
+    # -- index sets -------------------------------------------------------------------------------
+    def _indices(self, ctx: Context, key: tuple, per_rank: dict[int, dict]) -> list:
+        recs = {r: c for r, c in per_rank.items() if c.get("kind") == "map" and isinstance(c.get("ix"), str)
+                and not c.get("repl")}
+        if len(recs) < 2:
+            return []
+        dists = {r: c.get("dist") for r, c in recs.items()}
+        dist = all(isinstance(d, list) and len(d) == 4 for d in dists.values())
+        if not dist and (len({c.get("dk") for c in recs.values()}) != 1 or next(iter(recs.values())).get("dk") is None):
+            return []  # per-rank datasets (or unknown ones): their indices name different samples
+        # one representative per shard: ranks given the same DistributedSampler rank share it by design
+        reps: dict[object, int] = {}
+        for r in sorted(recs):
+            shard = dists[r][1] if dist else (recs[r].get("fp"), recs[r].get("k"))
+            reps.setdefault(shard, r)
+        r0 = min(recs)
+        c0 = recs[r0]
+        locs = [ctx.loc(r0, c0.get("order"), "order"), ctx.loc(r0, c0.get("site"), "iteration")]
+        what = f"{c0.get('smp') or 'the sampler'} of the DataLoader created at {ctx.where(r0, c0.get('created'))}"
+        epoch = f"pass {int(key[2] or 0) + 1}"
+        # the DataLoader's own samplers over the dataset itself walk all of it on every rank
+        walks_all = not dist and all(c.get("smp") in _WHOLE and not c.get("sub") for c in recs.values())
+        if len(reps) == 1 or walks_all:
+            return self._whole(ctx, recs, what, epoch, locs, dist)
+        rate = max(int(recs[r].get("rate", 0) or 0) for r in reps.values())
+        sets = {}
+        for r in reps.values():
+            ix = decode(recs[r]["ix"])
+            if ix is None:
+                return []
+            sets[r] = at_rate(ix, int(recs[r].get("rate", 0) or 0), rate)
+        shared, extra, union, examples = compare(sets)
+        ns = {r: c.get("n") for r, c in recs.items()}
+        n = ns[r0] if len(set(ns.values())) == 1 and isinstance(ns[r0], int) else None
+        full = all(recs[r].get("full") for r in reps.values())
+        pad = 0
+        if dist and not dists[r0][2] and n is not None:
+            pad = max(0, int(dists[r0][3] or 0) - n)  # DistributedSampler repeats this many to even out
+        missing = (n - (union << rate)) if (n is not None and full) else None
+        counts = (f"{_scale(shared, rate)} sample(s) are drawn by more than one rank"
+                  + (f" (e.g. indices {examples})" if examples and not rate else "")
+                  + (f" and {missing} by none" if missing and missing > 0 else ""))
+        data = {"pass": key[2], "shared": shared << rate, "extra": extra << rate, "union": union << rate,
+                "n": n if n is not None else ns, "missing": missing, "sampled": bool(rate)}
+        ranks = sorted(reps.values())
+        if dist and len(set(ns.values())) > 1:
+            groups = by_value(ns)
+            msg = (f"The DistributedSampler ({what}) splits datasets of different lengths on different ranks "
+                   f"({describe(groups)}) in {epoch}: each rank takes its share of its own index range, so "
+                   f"{counts}.")
+            return [self.finding(msg, sorted(recs), locs, kind="lengths", data={"what": "lengths", **data})]
+        if (extra << rate) > pad:
+            msg = (f"In {epoch} of {what}, the ranks' shards overlap: {counts}"
+                   + (f" (padding accounts for at most {pad})" if pad else "") + ". "
+                   "The shards are cut from orders that differ across ranks, or from per-rank lists.")
+            kind = "overlap" if dist else "sampler-overlap"
+            return [self.finding(msg, ranks, locs, kind=kind, data={"what": kind, **data})]
+        if dist and missing is not None and len(reps) == int(dists[r0][0] or 0):
+            allowed = n % len(reps) if dists[r0][2] else 0
+            if missing > allowed:
+                msg = (f"In {epoch} of {what}, {missing} of {n} samples are drawn by no rank"
+                       + (f" (drop_last accounts for {allowed})" if allowed else "") + ".")
+                return [self.finding(msg, ranks, locs, kind="missing", data={"what": "missing", **data})]
+        return []
+
+    def _whole(self, ctx: Context, recs: dict[int, dict], what: str, epoch: str, locs: list, dist: bool) -> list:
+        """Every rank drew the same set: the data is not sharded at all."""
+        c0 = recs[min(recs)]
+        size = max(int(c.get("u", 0) or 0) for c in recs.values())
+        if size < 2:
+            return []
+        ranks = sorted(recs)
+        training = any(int(c.get("steps", 0) or 0) > 0 for c in recs.values()) and _ddp_spans(ctx, ranks)
+        how = "a DistributedSampler with num_replicas=1" if dist else "no DistributedSampler"
+        n = c0.get("n")
+        same = f"the whole dataset ({n} samples)" if isinstance(n, int) and all(
+            c.get("n") == n for c in recs.values()) and (size == n or not dist) else f"the same {size} samples"
+        msg = (f"In {epoch} of {what}, every rank ({fmt(ranks)}) draws {same} "
+               f"({how})" + (": the DDP model trains on every sample world-size times per epoch, and the "
+                             "epoch costs the whole dataset on every rank." if training else
+                             ": each rank does the whole work (fine for an evaluation every rank needs)."))
+        return [self.finding(msg, ranks, locs, kind="whole", severity=None if training else "info",
+                             data={"what": "whole", "samples": size, "training": training})]
+
+    # -- files read while drawing batches ---------------------------------------------------------
+    @staticmethod
+    def _reads(ctx: Context) -> tuple[dict, dict, dict]:
+        """Files read while a DataLoader drew a batch: {(loader file, line, pass): {rank: paths}},
+        {(pass key, path): (rank, site) of the first read}, {(loader file, line): every path}."""
+        hosts = {rt.header.get("host") for rt in ctx.run.ranks.values()}
+        reads: dict[tuple, dict[int, set]] = defaultdict(lambda: defaultdict(set))
+        first: dict[tuple, tuple] = {}
+        for rank, rt in ctx.run.ranks.items():
+            for f in rt.records("file"):
+                dl = f.get("dl")
+                if f.get("op") != "r" or f.get("probe") or not isinstance(dl, list) or len(dl) != 2:
+                    continue
+                if f.get("loc") and len(hosts) > 1:
+                    continue  # a machine-local path names a different file on each host
+                lf, line = site_key(ctx, rank, dl[0])
+                k = (lf, line, dl[1])
+                reads[k][rank].add(f.get("path"))
+                first.setdefault((k, f.get("path")), (rank, f.get("site")))
+        every: dict[tuple, set] = defaultdict(set)
+        for k, per_rank in reads.items():
+            for paths in per_rank.values():
+                every[k[:2]].update(paths)
+        return reads, first, every
+
+    def _files(self, ctx: Context, k: tuple, covs: dict[int, dict]) -> list:
+        reads, first, every = ctx.shared("data-coverage-reads", self._reads)
+        per_rank = reads.get(k, {})
+        if len(per_rank) < 2 or any(c.get("kind") != "iter" for c in covs.values()):
+            return []  # map-style data is sharded by index: the index sets say it
+        reps: dict[frozenset, int] = {}
+        for r in sorted(per_rank):
+            reps.setdefault(frozenset(per_rank[r]), r)
+        r0 = min(per_rank)
+        loader = covs.get(r0, {}).get("created")
+        epoch = f"pass {int(k[2] or 0) + 1}"
+        where = f"the DataLoader created at {ctx.where(r0, loader)}"
+        if len(reps) == 1:
+            paths = sorted(per_rank[r0])
+            if len(paths) < 2:
+                return []
+            training = _ddp_spans(ctx, per_rank) and any(int(c.get("steps", 0) or 0) for c in covs.values())
+            rr, sid = first[(k, paths[0])]
+            msg = (f"In {epoch} of {where}, every rank ({fmt(sorted(per_rank))}) reads the same "
+                   f"{len(paths)} files ({_names(paths)}): the files are not sharded by rank.")
+            return [self.finding(msg, sorted(per_rank), [ctx.loc(rr, sid, "read"), ctx.loc(r0, loader, "loader")],
+                                 kind="same-files", severity=None if training else "info",
+                                 data={"what": "same-files", "files": len(paths), "training": training})]
+        count: dict[str, int] = defaultdict(int)
+        for paths in reps:
+            for p in paths:
+                count[p] += 1
+        shared = sorted(p for p, c in count.items() if c > 1)
+        if not shared:
+            return []
+        full = all(c.get("full") for c in covs.values()) and set(per_rank) <= set(covs)
+        unread = sorted(every[k[:2]] - set(count)) if full else []
+        rr, sid = first[(k, shared[0])]
+        msg = (f"In {epoch} of {where}, {len(shared)} file(s) are read by more than one rank ({_names(shared)})"
+               + (f" and {len(unread)} read in another pass by no rank in this one ({_names(unread)})"
+                  if unread else "")
+               + ": the ranks shard different orders of the file list (a shuffle that differs across "
+                 "ranks before files[rank::world]) or per-rank lists.")
+        return [self.finding(msg, sorted(reps.values()), [ctx.loc(rr, sid, "read"), ctx.loc(r0, loader, "loader")],
+                             kind="file-overlap", data={"what": "file-overlap", "shared": len(shared),
+                                                        "unread": len(unread)})]
+
+
+def _names(paths: list[str]) -> str:
+    return ", ".join(os.path.basename(p) for p in paths[:4]) + (", ..." if len(paths) > 4 else "")

@@ -1,0 +1,204 @@
+"""data-coverage (DD017) on hand-written traces, and the index-set encoding both sides share."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from support.traces import ddp_record, run_check, write_traces
+
+from ddpdoctor.analysis.checks import _coverage
+from ddpdoctor.analysis.checks.data_coverage import DataCoverage
+from ddpdoctor.rank.patches import coverage
+
+LOADER = ("train.py", 20, "loader = DataLoader(ds, sampler=sampler)")
+ORDER = ("train.py", 19, "sampler = DistributedSampler(ds)")
+LOOP = ("train.py", 25, "for x in loader:")
+
+
+def cov(indices, n, *, it=0, dist=None, smp=None, dk="d1", full=1, steps=4, sub=None, repl=None,
+        rate=0) -> dict:
+    """A ``cov`` record as the rank side writes it (the index set encoded by its own encoder)."""
+    uniq = sorted(set(indices))
+    rec = {"t": "cov", "it": it, "full": full, "nb": 3, "steps": steps, "created": LOADER, "order": ORDER,
+           "site": LOOP, "smp": smp or ("DistributedSampler" if dist else "SubsetRandomSampler"),
+           "kind": "map", "n": n, "dk": dk, "k": len(indices), "u": len(uniq), "fp": f"{hash(tuple(uniq)) & 0xFFFF:x}",
+           "rate": rate, "ix": coverage.encode(torch.tensor(uniq, dtype=torch.int64))}
+    if dist is not None:
+        rec["dist"] = dist
+    if sub:
+        rec["sub"] = 1
+    if repl:
+        rec["repl"] = 1
+    return rec
+
+
+def dsampler(n: int, world: int, rank: int, perm: list[int], drop_last: bool = False) -> list[int]:
+    """DistributedSampler's arithmetic: pad (or cut) the order to a multiple of world, take rank::world."""
+    if drop_last:
+        total = n - n % world
+        order = perm[:total]
+    else:
+        total = -(-n // world) * world
+        order = perm + perm[: total - n]
+    return order[rank:total:world]
+
+
+def test_distributed_sampler_with_padding_is_silent(tmp_path):
+    perm = random.Random(0).sample(range(37), 37)
+    recs = {r: [cov(dsampler(37, 2, r, perm), 37, dist=[2, r, False, 38])] for r in (0, 1)}
+    assert run_check(DataCoverage, write_traces(tmp_path, recs)) == []
+
+
+def test_drop_last_is_silent(tmp_path):
+    perm = random.Random(1).sample(range(37), 37)
+    recs = {r: [cov(dsampler(37, 2, r, perm, True), 37, dist=[2, r, True, 36])] for r in (0, 1)}
+    assert run_check(DataCoverage, write_traces(tmp_path, recs)) == []
+
+
+def test_shards_of_different_orders_overlap_error_with_counts(tmp_path):
+    perms = {r: random.Random(10 + r).sample(range(40), 40) for r in (0, 1)}  # a per-rank shuffle
+    recs = {r: [cov(dsampler(40, 2, r, perms[r]), 40, dist=[2, r, False, 40])] for r in (0, 1)}
+    found = run_check(DataCoverage, write_traces(tmp_path, recs))
+    assert [(f.severity, f.data["what"]) for f in found] == [("error", "overlap")]
+    shards = [set(dsampler(40, 2, r, perms[r])) for r in (0, 1)]
+    both = len(shards[0] & shards[1])
+    assert found[0].data["shared"] == both and found[0].data["missing"] == 40 - len(shards[0] | shards[1])
+    assert f"{both} sample(s) are drawn by more than one rank" in found[0].message
+    assert found[0].locations[0].line == 19 and found[0].locations[0].role == "order"
+
+
+def test_datasets_of_different_lengths_under_distributed_sampler(tmp_path):
+    recs = {0: [cov(list(range(0, 40, 2)), 40, dist=[2, 0, False, 40])],
+            1: [cov(list(range(1, 36, 2)), 36, dist=[2, 1, False, 36])]}
+    found = run_check(DataCoverage, write_traces(tmp_path, recs))
+    assert [(f.severity, f.data["what"]) for f in found] == [("error", "lengths")]
+    assert "rank 0: 40; rank 1: 36" in found[0].message
+
+
+def test_shards_that_leave_samples_out_are_a_warning(tmp_path):
+    recs = {0: [cov(list(range(0, 10)), 30, dist=[2, 0, False, 30])],
+            1: [cov(list(range(10, 20)), 30, dist=[2, 1, False, 30])]}
+    found = run_check(DataCoverage, write_traces(tmp_path, recs))
+    assert [(f.severity, f.data["what"], f.data["missing"]) for f in found] == [("warning", "missing", 10)]
+
+
+def test_per_rank_sampler_lists_that_overlap_are_a_warning(tmp_path):
+    recs = {0: [cov(list(range(0, 12)), 20)], 1: [cov(list(range(8, 20)), 20)]}
+    found = run_check(DataCoverage, write_traces(tmp_path, recs))
+    assert [(f.severity, f.data["what"], f.data["shared"]) for f in found] == [("warning", "sampler-overlap", 4)]
+
+
+def test_per_rank_datasets_are_not_compared(tmp_path):
+    """Different dataset identities (or none known): the same index is a different sample."""
+    for i, (k0, k1) in enumerate((("a", "b"), (None, None))):
+        recs = {0: [cov(list(range(12)), 12, dk=k0)], 1: [cov(list(range(12)), 12, dk=k1)]}
+        assert run_check(DataCoverage, write_traces(tmp_path / str(i), recs)) == []
+
+
+def test_every_rank_training_on_the_whole_dataset_is_a_warning_once(tmp_path):
+    recs = {r: [ddp_record()] + [cov(random.Random(r * 7 + e).sample(range(32), 32), 32, it=e,
+                                     smp="RandomSampler") for e in range(3)] for r in (0, 1)}
+    found = run_check(DataCoverage, write_traces(tmp_path, recs))
+    assert [(f.severity, f.data["what"], f.data["passes"], f.data["training"]) for f in found] == [
+        ("warning", "whole", 3, True)]
+    assert "whole dataset (32 samples)" in found[0].message
+
+
+def test_every_rank_evaluating_the_whole_dataset_is_info(tmp_path):
+    recs = {r: [ddp_record(), cov(list(range(32)), 32, smp="SequentialSampler", steps=0)] for r in (0, 1)}
+    found = run_check(DataCoverage, write_traces(tmp_path, recs))
+    assert [(f.severity, f.data["what"]) for f in found] == [("info", "whole")]
+
+
+def test_uneven_but_disjoint_subsets_with_join_and_early_stop_are_silent(tmp_path):
+    """Join: rank 1 has more data (disjoint Subsets of one dataset); rank 0 stops a later pass early."""
+    recs = {0: [ddp_record(), cov(list(range(0, 40)), 104, smp="SequentialSampler", sub=1),
+                cov(list(range(0, 13)), 104, smp="SequentialSampler", sub=1, it=1, full=0)],
+            1: [ddp_record(), cov(list(range(40, 104)), 104, smp="SequentialSampler", sub=1),
+                cov(list(range(40, 104)), 104, smp="SequentialSampler", sub=1, it=1)]}
+    assert run_check(DataCoverage, write_traces(tmp_path, recs)) == []
+
+
+def test_subgroup_peers_sharing_a_shard_are_silent(tmp_path):
+    """4 ranks, 2 data-parallel replicas (ranks 0/2 and 1/3 hold the same shard by design)."""
+    perm = random.Random(3).sample(range(20), 20)
+    recs = {r: [cov(dsampler(20, 2, r % 2, perm), 20, dist=[2, r % 2, False, 20])] for r in range(4)}
+    assert run_check(DataCoverage, write_traces(tmp_path, recs)) == []
+
+
+def test_sampling_with_replacement_and_single_rank_passes_are_silent(tmp_path):
+    recs = {0: [cov([1, 2, 3, 3], 10, repl=1, smp="WeightedRandomSampler")],
+            1: [cov([2, 3, 4, 5], 10, repl=1, smp="WeightedRandomSampler")]}
+    assert run_check(DataCoverage, write_traces(tmp_path / "a", recs)) == []
+    only0 = {0: [cov(list(range(10)), 10, smp="SequentialSampler")], 1: []}  # rank-0-only evaluation
+    assert run_check(DataCoverage, write_traces(tmp_path / "b", only0)) == []
+
+
+def test_corrupt_index_sets_are_skipped(tmp_path):
+    recs = {r: [dict(cov(list(range(r, 12)), 12), ix="I!!not base64")] for r in (0, 1)}
+    assert run_check(DataCoverage, write_traces(tmp_path, recs)) == []
+    assert _coverage.decode("q" + "eJw=") is None or _coverage.decode("q" + "eJw=") == []
+
+
+def test_sampled_sets_agree_with_the_rank_side_hash():
+    """Beyond MAX_KEEP the rank keeps hash < 2**(24-rate): the analysis' thinning keeps the same."""
+    idx = torch.arange(0, 300000, dtype=torch.int64)
+    h = coverage.hash_indices(idx)
+    kept = idx[h < (1 << (coverage.HBITS - 3))]
+    assert abs(len(kept) * 8 - 300000) < 300000 * 0.05  # an even sample of the index space
+    decoded = _coverage.decode(coverage.encode(kept))
+    assert decoded == kept.tolist()
+    assert _coverage.at_rate(idx.tolist(), 0, 3) == set(decoded)
+    assert all(_coverage.index_hash(i) == int(h[i]) for i in (0, 1, 12345, 299999))
+
+
+def test_sampled_overlap_is_scaled(tmp_path):
+    n = 400000
+    shards = {0: torch.arange(0, 250000), 1: torch.arange(150000, n)}  # 100000 shared
+    recs = {}
+    for r, s in shards.items():
+        kept = s[coverage.hash_indices(s) < (1 << (coverage.HBITS - 2))]
+        rec = cov([0, 1], n, dist=[2, r, False, n], rate=2)
+        rec.update(ix=coverage.encode(kept), u=len(s), k=len(s))
+        recs[r] = [rec]
+    found = run_check(DataCoverage, write_traces(tmp_path, recs))
+    assert [f.data["what"] for f in found] == ["overlap"] and found[0].data["sampled"]
+    assert abs(found[0].data["shared"] - 100000) < 5000 and "about" in found[0].message
+
+
+def _read(path, loader_it=0):
+    return {"t": "file", "op": "r", "path": path, "pos": {"0": 3}, "site": ("data.py", 12, "open(path)"),
+            "dl": [LOADER, loader_it]}
+
+
+def _iter_pass(it=0, full=1, steps=4):
+    return {"t": "cov", "it": it, "full": full, "nb": 5, "steps": steps, "created": LOADER, "site": LOOP,
+            "kind": "iter"}
+
+
+def test_every_rank_reading_the_same_files_is_a_warning(tmp_path):
+    files = [f"/data/shard{i}.txt" for i in range(4)]
+    recs = {r: [ddp_record()] + [_read(p) for p in files] + [_iter_pass()] for r in (0, 1)}
+    found = run_check(DataCoverage, write_traces(tmp_path, recs))
+    assert [(f.severity, f.data["what"], f.data["files"]) for f in found] == [("warning", "same-files", 4)]
+    assert found[0].locations[0].role == "read" and found[0].locations[0].line == 12
+
+
+def test_overlapping_file_shards_name_the_files_nobody_read(tmp_path):
+    files = [f"/data/shard{i}.txt" for i in range(4)]
+    recs = {0: [_read(files[0]), _read(files[2]), _iter_pass(), _read(files[1], 1), _read(files[3], 1), _iter_pass(1)],
+            1: [_read(files[0]), _read(files[1]), _iter_pass(), _read(files[0], 1), _read(files[2], 1), _iter_pass(1)]}
+    found = run_check(DataCoverage, write_traces(tmp_path, recs))
+    assert [(f.severity, f.data["what"]) for f in found] == [("warning", "file-overlap")]
+    assert "shard0.txt" in found[0].message and found[0].data["unread"] == 1 and "shard3.txt" in found[0].message
+
+
+def test_disjoint_file_shards_and_map_style_reads_are_silent(tmp_path):
+    files = [f"/data/shard{i}.txt" for i in range(4)]
+    recs = {r: [ddp_record(), _read(files[r]), _read(files[r + 2]), _iter_pass()] for r in (0, 1)}
+    assert run_check(DataCoverage, write_traces(tmp_path / "a", recs)) == []
+    # map-style: every rank reads every file of a sharded index space; the index sets decide
+    m = {r: [ddp_record()] + [_read(p) for p in files] + [cov(list(range(r, 40, 2)), 40, dist=[2, r, False, 40])]
+         for r in (0, 1)}
+    assert run_check(DataCoverage, write_traces(tmp_path / "b", m)) == []
