@@ -59,3 +59,51 @@ def compare(sets: dict[int, set[int]]) -> tuple[int, int, int, list[int]]:
     shared = sorted(i for i, c in count.items() if c > 1)
     extra = sum(c - 1 for c in count.values())
     return len(shared), extra, len(count), shared[:5]
+
+
+#: Calls that put a list in a random order (the method or function name).
+_SHUFFLES = frozenset({"shuffle", "permutation", "randperm", "sample", "permuted"})
+_MAX_SOURCE = 2 << 20
+
+
+def order_line(path, line: int) -> tuple[int, str] | None:
+    """The shuffle that built the order a line shards: in the function holding ``line`` of the
+    user's file, the last call before it to a shuffle (``random.shuffle(files)``,
+    ``np.random.permutation``, ``torch.randperm``...) whose argument or assigned name the line
+    uses. (line, source text), or None (file gone, unparsable, no such call)."""
+    import ast
+
+    try:
+        with open(str(path), encoding="utf-8") as f:
+            text = f.read(_MAX_SOURCE + 1)
+        if len(text) > _MAX_SOURCE:
+            return None
+        tree = ast.parse(text)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+    scope: ast.AST = tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                node.lineno <= line <= (node.end_lineno or node.lineno):
+            if scope is tree or node.lineno >= getattr(scope, "lineno", 0):
+                scope = node  # the innermost function holding the line
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and getattr(n, "lineno", 0) == line}
+    best = None
+    for node in ast.walk(scope):
+        if not isinstance(node, ast.Call) or not (node.lineno < line):
+            continue
+        fn = node.func
+        name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
+        if name not in _SHUFFLES:
+            continue
+        names = {n.id for a in node.args for n in ast.walk(a) if isinstance(n, ast.Name)}
+        parent = next((s for s in ast.walk(scope) if isinstance(s, (ast.Assign, ast.AnnAssign))
+                       and s.lineno == node.lineno), None)
+        if parent is not None:
+            targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        if names & used and (best is None or node.lineno > best):
+            best = node.lineno
+    if best is None:
+        return None
+    return best, text.splitlines()[best - 1].strip()

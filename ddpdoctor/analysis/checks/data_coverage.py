@@ -23,7 +23,8 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 
-from ._coverage import at_rate, compare, decode
+from ..findings import Location
+from ._coverage import at_rate, compare, decode, order_line
 from ._records import by_value, describe, site_key
 from .base import Check, Context, Kind, fmt
 
@@ -111,16 +112,27 @@ class DataCoverage(Check):
         dist = all(isinstance(d, list) and len(d) == 4 for d in dists.values())
         if not dist and (len({c.get("dk") for c in recs.values()}) != 1 or next(iter(recs.values())).get("dk") is None):
             return []  # per-rank datasets (or unknown ones): their indices name different samples
+        r0 = min(recs)
+        c0 = recs[r0]
+        locs = [ctx.loc(r0, c0.get("order"), "order"), ctx.loc(r0, c0.get("site"), "iteration")]
+        what = f"the {c0.get('smp') or 'sampler'} of the DataLoader created at {ctx.where(r0, c0.get('created'))}"
+        epoch = f"pass {int(key[2] or 0) + 1}"
+        if dist and self._explained(ctx, recs):
+            return []
         # one representative per shard: ranks given the same DistributedSampler rank share it by design
+        # (tensor/pipeline-parallel peers), unless num_replicas is the whole job (rank=local_rank)
         reps: dict[object, int] = {}
         for r in sorted(recs):
             shard = dists[r][1] if dist else (recs[r].get("fp"), recs[r].get("k"))
             reps.setdefault(shard, r)
-        r0 = min(recs)
-        c0 = recs[r0]
-        locs = [ctx.loc(r0, c0.get("order"), "order"), ctx.loc(r0, c0.get("site"), "iteration")]
-        what = f"{c0.get('smp') or 'the sampler'} of the DataLoader created at {ctx.where(r0, c0.get('created'))}"
-        epoch = f"pass {int(key[2] or 0) + 1}"
+        if dist and len(reps) < len(recs) and int(dists[r0][0] or 0) == len(ctx.run.ranks) == len(recs):
+            groups = by_value({r: d[1] for r, d in dists.items()})
+            twins = [rs for rs in groups.values() if len(rs) > 1]
+            msg = (f"In {epoch}, {what} is told the same rank on several ranks ({describe(groups, lambda v: f'rank={v}')}) "
+                   f"with num_replicas={dists[r0][0]}, the whole job: those ranks draw the same shard and "
+                   f"{int(dists[r0][0]) - len(reps)} shard(s) are drawn by no rank (rank=local_rank on several nodes?).")
+            return [self.finding(msg, sorted(r for rs in twins for r in rs), locs, kind="overlap",
+                                 data={"what": "overlap", "pass": key[2], "sranks": {str(r): d[1] for r, d in dists.items()}})]
         # the DataLoader's own samplers over the dataset itself walk all of it on every rank
         walks_all = not dist and all(c.get("smp") in _WHOLE and not c.get("sub") for c in recs.values())
         if len(reps) == 1 or walks_all:
@@ -148,11 +160,12 @@ class DataCoverage(Check):
         ranks = sorted(reps.values())
         if dist and len(set(ns.values())) > 1:
             groups = by_value(ns)
-            msg = (f"The DistributedSampler ({what}) splits datasets of different lengths on different ranks "
+            msg = (f"{what[0].upper()}{what[1:]} splits datasets of different lengths on different ranks "
                    f"({describe(groups)}) in {epoch}: each rank takes its share of its own index range, so "
                    f"{counts}.")
             return [self.finding(msg, sorted(recs), locs, kind="lengths", data={"what": "lengths", **data})]
         if (extra << rate) > pad:
+            locs = _with_shuffle(ctx, r0, c0.get("order"), locs)
             msg = (f"In {epoch} of {what}, the ranks' shards overlap: {counts}"
                    + (f" (padding accounts for at most {pad})" if pad else "") + ". "
                    "The shards are cut from orders that differ across ranks, or from per-rank lists.")
@@ -165,6 +178,20 @@ class DataCoverage(Check):
                        + (f" (drop_last accounts for {allowed})" if allowed else "") + ".")
                 return [self.finding(msg, ranks, locs, kind="missing", data={"what": "missing", **data})]
         return []
+
+    @staticmethod
+    def _explained(ctx: Context, recs: dict[int, dict]) -> bool:
+        """The DistributedSampler's own records (seed, epoch, dataset length, Subset indices) already
+        differ across ranks: unseeded-rng / sampler-misuse report that root cause."""
+        if not (ctx.enabled("DD004") or ctx.enabled("DD007")):
+            return False
+        seen = {}
+        for r, c in recs.items():
+            want = site_key(ctx, r, c.get("order"))
+            seen[r] = frozenset((s.get("seed"), s.get("epoch"), s.get("n"), s.get("data_fp"))
+                                for s in ctx.run.ranks[r].records("sampler")
+                                if site_key(ctx, r, s.get("created") if s.get("created") is not None else s.get("site")) == want)
+        return len(set(seen.values())) > 1
 
     def _whole(self, ctx: Context, recs: dict[int, dict], what: str, epoch: str, locs: list, dist: bool) -> list:
         """Every rank drew the same set: the data is not sharded at all."""
@@ -243,14 +270,23 @@ class DataCoverage(Check):
         full = all(c.get("full") for c in covs.values()) and set(per_rank) <= set(covs)
         unread = sorted(every[k[:2]] - set(count)) if full else []
         rr, sid = first[(k, shared[0])]
+        locs = _with_shuffle(ctx, r0, loader, [ctx.loc(rr, sid, "read"), ctx.loc(r0, loader, "loader")])
         msg = (f"In {epoch} of {where}, {len(shared)} file(s) are read by more than one rank ({_names(shared)})"
                + (f" and {len(unread)} read in another pass by no rank in this one ({_names(unread)})"
                   if unread else "")
                + ": the ranks shard different orders of the file list (a shuffle that differs across "
                  "ranks before files[rank::world]) or per-rank lists.")
-        return [self.finding(msg, sorted(reps.values()), [ctx.loc(rr, sid, "read"), ctx.loc(r0, loader, "loader")],
-                             kind="file-overlap", data={"what": "file-overlap", "shared": len(shared),
+        return [self.finding(msg, sorted(reps.values()), locs, kind="file-overlap", data={"what": "file-overlap", "shared": len(shared),
                                                         "unread": len(unread)})]
+
+
+def _with_shuffle(ctx: Context, rank: int, sid, locs: list) -> list:
+    """The shuffle that built the order the line ``sid`` shards, first, when the source shows one."""
+    s = ctx.site(rank, sid)
+    found = order_line(s.get("file"), int(s.get("line", 0) or 0)) if s.get("file") else None
+    if found is None:
+        return locs
+    return [Location(rank, s.get("file", "?"), found[0], "", found[1], "shuffle")] + locs
 
 
 def _names(paths: list[str]) -> str:

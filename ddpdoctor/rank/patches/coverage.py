@@ -224,11 +224,11 @@ def _record(tap: _Tap, full: bool) -> dict:
     if tap.opaque:
         return rec
     idx = torch.frombuffer(tap.buf, dtype=torch.int64) if len(tap.buf) else torch.zeros(0, dtype=torch.int64)
-    base, idx = _to_base(info["ds"], idx, torch)
     try:
-        rec["n"] = len(base)
+        rec["n"] = len(info["ds"])  # the loader's dataset: what its sampler shards
     except Exception:
         pass
+    base, idx = _to_base(info["ds"], idx, torch)
     rec["dk"] = dataset_key(base, torch)
     uniq = torch.unique(idx)  # sorted
     uniq = uniq[uniq >= 0]
@@ -333,12 +333,20 @@ def _wrap(owner, name: str, make) -> None:
 
 def _remember_site(orig):
     def __init__(self, *args, **kwargs):
-        orig(self, *args, **kwargs)
         rec = recorder_mod.get()  # before init_process_group too: sites are kept until the file opens
+        sid = None
         if rec is not None and rec.enabled:
             try:
-                _made[self] = rec.sites.current(2)
+                # interned before the objects the constructor makes (a DataLoader's samplers),
+                # whose sites are the same line seen through torch
+                sid = rec.sites.current(2)
             except Exception:
+                sid = None
+        orig(self, *args, **kwargs)
+        if sid is not None:
+            try:
+                _made[self] = sid
+            except TypeError:
                 pass
     return __init__
 
