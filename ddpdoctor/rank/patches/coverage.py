@@ -57,8 +57,10 @@ def hash_indices(idx):
 
 def encode(sorted_idx) -> str:
     """Sorted distinct indices -> delta-encoded, zlib-compressed, base64 text."""
-    vals = sorted_idx.tolist()
-    deltas = [vals[0]] + [b - a for a, b in zip(vals, vals[1:])] if vals else []
+    import torch
+
+    d = torch.diff(sorted_idx, prepend=sorted_idx.new_zeros(1)) if sorted_idx.numel() else sorted_idx
+    deltas = d.tolist()
     code = "I" if max(deltas, default=0) < 1 << 32 else "q"  # deltas of sorted non-negative values
     return code + base64.b64encode(zlib.compress(array(code, deltas).tobytes(), 6)).decode()
 
@@ -80,6 +82,13 @@ class _Tap:
 
     def __iter__(self):
         return self
+
+    def __getattr__(self, name: str):
+        # anything else the loader's code asks of its sampler iterator (a stateful loader's
+        # state_dict...) is the wrapped iterator's
+        if name in _Tap.__slots__:
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     def __next__(self):
         if self.it is None:
@@ -213,6 +222,19 @@ def dataset_key(ds, torch) -> str | None:
     return format(zlib.crc32("|".join(parts).encode()), "08x") if evidence else None
 
 
+def _distinct(idx, torch):
+    """Sorted distinct values of non-negative indices: a mark per value when they are dense (a
+    linear pass; sorting half a million indices costs ten times more), else a sort."""
+    if not idx.numel():
+        return idx
+    top = int(idx.max()) + 1
+    if top > 64 * idx.numel() + 4096:
+        return torch.unique(idx)
+    seen = torch.zeros(top, dtype=torch.bool)
+    seen[idx] = True
+    return seen.nonzero().reshape(-1)
+
+
 def _record(tap: _Tap, full: bool) -> dict:
     import torch
 
@@ -230,8 +252,7 @@ def _record(tap: _Tap, full: bool) -> dict:
         pass
     base, idx = _to_base(info["ds"], idx, torch)
     rec["dk"] = dataset_key(base, torch)
-    uniq = torch.unique(idx)  # sorted
-    uniq = uniq[uniq >= 0]
+    uniq = _distinct(idx[idx >= 0], torch)
     rec["k"] = int(idx.numel())
     rec["u"] = int(uniq.numel())
     h = hash_indices(uniq)
