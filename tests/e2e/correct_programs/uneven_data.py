@@ -21,7 +21,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=float(os.environ.get("EXAMPLE_PG_TIMEOUT", "30"))))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(51, 4), torch.randn(51, 1))
     model = DDP(nn.Linear(4, 1))
