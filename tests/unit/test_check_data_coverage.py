@@ -202,3 +202,18 @@ def test_disjoint_file_shards_and_map_style_reads_are_silent(tmp_path):
     m = {r: [ddp_record()] + [_read(p) for p in files] + [cov(list(range(r, 40, 2)), 40, dist=[2, r, False, 40])]
          for r in (0, 1)}
     assert run_check(DataCoverage, write_traces(tmp_path / "b", m)) == []
+
+
+def test_hostile_fields_give_no_exception(tmp_path):
+    bad = [{"t": "cov", "it": "x", "created": LOADER}, dict(cov([1, 2], 4), rate=10 ** 9),
+           dict(cov([1, 2], 4, it=1), dist=["a", 0, False, 4]), dict(cov([1, 2], 4, it=2), n="x", steps=[1]),
+           dict(cov([1, 2], 4, it=3), ix=123, kind=5), {"t": "file", "op": "r", "path": 7, "pos": {}, "dl": [LOADER, "x"]}]
+    recs = {r: bad for r in (0, 1)}
+    found = run_check(DataCoverage, write_traces(tmp_path, recs))
+    assert all(f.id == "DD017" for f in found)
+
+
+def test_a_metadata_file_every_rank_opens_beside_disjoint_shards_is_silent(tmp_path):
+    recs = {r: [ddp_record(), _read("/meta/vocab.json"), _read(f"/data/shard{r}.tar"), _read(f"/data/shard{r + 2}.tar"),
+                _iter_pass()] for r in (0, 1)}
+    assert run_check(DataCoverage, write_traces(tmp_path, recs)) == []

@@ -44,6 +44,33 @@ def _ddp_spans(ctx: Context, ranks) -> bool:
     return False
 
 
+def _int(v, default: int | None = 0) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
+def _clean(rec: dict) -> dict | None:
+    """A ``cov`` record with the types the check relies on (a corrupt or hostile trace gives a
+    partial result, never an exception): None when it cannot be placed."""
+    it = _int(rec.get("it"), None)
+    if it is None or it < 0:
+        return None
+    out = dict(rec)
+    for k in ("full", "steps", "u", "k", "nb"):
+        out[k] = _int(rec.get(k))
+    out["n"] = _int(rec.get("n"), None)
+    out["rate"] = min(max(_int(rec.get("rate")) or 0, 0), 23)
+    d = rec.get("dist")
+    if d is not None:
+        ok = isinstance(d, list) and len(d) == 4 and all(_int(v, None) is not None for v in (d[0], d[1], d[3]))
+        out["dist"] = [d[0], d[1], bool(d[2]), d[3]] if ok else None
+        if not ok:
+            out.pop("ix", None)  # a DistributedSampler whose settings are unreadable: not compared
+    for k in ("kind", "smp", "dk", "fp"):
+        if not isinstance(out.get(k), (str, type(None))):
+            out[k] = None
+    return out
+
+
 #: Samplers that draw every index of the dataset they are given (without replacement).
 _WHOLE = frozenset({"RandomSampler", "SequentialSampler"})
 
@@ -97,9 +124,12 @@ class DataCoverage(Check):
         """(loader file, line, pass) -> {rank: cov record}."""
         out: dict[tuple, dict[int, dict]] = defaultdict(dict)
         for rank, rt in ctx.run.ranks.items():
-            for rec in rt.records("cov"):
+            for raw in rt.records("cov"):
+                rec = _clean(raw)
+                if rec is None:
+                    continue
                 f, line = site_key(ctx, rank, rec.get("created"))
-                out[(f, line, rec.get("it"))][rank] = rec
+                out[(f, line, rec["it"])][rank] = rec
         return out
 
     # -- index sets -------------------------------------------------------------------------------
@@ -223,7 +253,8 @@ class DataCoverage(Check):
         for rank, rt in ctx.run.ranks.items():
             for f in rt.records("file"):
                 dl = f.get("dl")
-                if f.get("op") != "r" or f.get("probe") or not isinstance(dl, list) or len(dl) != 2:
+                if f.get("op") != "r" or f.get("probe") or not isinstance(dl, list) or len(dl) != 2 \
+                        or _int(dl[1], None) is None or not isinstance(f.get("path"), str):
                     continue
                 if f.get("loc") and len(hosts) > 1:
                     continue  # a machine-local path names a different file on each host
@@ -264,7 +295,11 @@ class DataCoverage(Check):
         for paths in reps:
             for p in paths:
                 count[p] += 1
-        shared = sorted(p for p, c in count.items() if c > 1)
+        # only files like the ones that are sharded (same folder and extension as a file one rank
+        # alone read): a vocabulary or index file every rank's iterator opens is shared by design
+        shard_like = {(os.path.dirname(p), os.path.splitext(p)[1]) for p, c in count.items() if c == 1}
+        shared = sorted(p for p, c in count.items()
+                        if c > 1 and (os.path.dirname(p), os.path.splitext(p)[1]) in shard_like)
         if not shared:
             return []
         full = all(c.get("full") for c in covs.values()) and set(per_rank) <= set(covs)
