@@ -217,3 +217,31 @@ def test_a_metadata_file_every_rank_opens_beside_disjoint_shards_is_silent(tmp_p
     recs = {r: [ddp_record(), _read("/meta/vocab.json"), _read(f"/data/shard{r}.tar"), _read(f"/data/shard{r + 2}.tar"),
                 _iter_pass()] for r in (0, 1)}
     assert run_check(DataCoverage, write_traces(tmp_path, recs)) == []
+
+
+def test_the_same_sampler_rank_on_several_ranks_of_the_whole_job_is_an_error(tmp_path):
+    """rank=local_rank on two nodes: ranks 0/2 and 1/3 draw the same shards, half the data is never drawn."""
+    perm = list(range(40))
+    recs = {r: [cov(dsampler(40, 4, r % 2, perm), 40, dist=[4, r % 2, False, 40])] for r in range(4)}
+    found = run_check(DataCoverage, write_traces(tmp_path, recs))
+    assert [(f.severity, f.data["what"]) for f in found] == [("error", "overlap")]
+    assert found[0].ranks == [0, 1, 2, 3] and "2 shard(s) are drawn by no rank" in found[0].message
+
+
+def test_dataset_key_and_subset_mapping():
+    from torch.utils.data import Subset, TensorDataset
+
+    torch.manual_seed(0)
+    a = TensorDataset(torch.randn(10, 3))
+    torch.manual_seed(0)
+    b = TensorDataset(torch.randn(10, 3))
+    c = TensorDataset(torch.randn(10, 3))
+    assert coverage.dataset_key(a, torch) == coverage.dataset_key(b, torch) != coverage.dataset_key(c, torch)
+
+    class Opaque(torch.utils.data.Dataset):
+        def __len__(self):
+            return 5
+
+    assert coverage.dataset_key(Opaque(), torch) is None
+    base, idx = coverage._to_base(Subset(Subset(a, [9, 8, 7, 6]), [3, 0]), torch.tensor([0, 1, 5]), torch)
+    assert base is a and idx.tolist() == [6, 9]  # 5 is out of range: dropped
