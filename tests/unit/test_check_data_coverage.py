@@ -245,3 +245,12 @@ def test_dataset_key_and_subset_mapping():
     assert coverage.dataset_key(Opaque(), torch) is None
     base, idx = coverage._to_base(Subset(Subset(a, [9, 8, 7, 6]), [3, 0]), torch.tensor([0, 1, 5]), torch)
     assert base is a and idx.tolist() == [6, 9]  # 5 is out of range: dropped
+
+
+def test_subsets_of_a_random_split_that_differs_across_ranks_are_left_to_unseeded_rng(tmp_path):
+    def split(fp):
+        return {"t": "split", "n": 40, "parts": [30, 10], "fp": [fp, fp + "v"], "gen": "default", "site": ("train.py", 9)}
+
+    recs = {0: [split("a"), cov(list(range(0, 10)), 10, smp="SequentialSampler", sub=1, steps=0)],
+            1: [split("b"), cov(list(range(5, 15)), 10, smp="SequentialSampler", sub=1, steps=0)]}
+    assert run_check(DataCoverage, write_traces(tmp_path, recs)) == []

@@ -71,6 +71,16 @@ def _clean(rec: dict) -> dict | None:
     return out
 
 
+def _splits_differ(ctx: Context) -> bool:
+    """``random_split`` gave the ranks different parts (unseeded-rng, DD004, reports it): Subsets
+    cut from them differ as a consequence."""
+    if not ctx.enabled("DD004"):
+        return False
+    per_rank = {r: tuple(tuple(str(x) for x in (s.get("fp") or ())) for s in rt.records("split")
+                         if isinstance(s.get("fp"), list)) for r, rt in ctx.run.ranks.items()}
+    return any(per_rank.values()) and len(set(per_rank.values())) > 1
+
+
 #: Samplers that draw every index of the dataset they are given (without replacement).
 _WHOLE = frozenset({"RandomSampler", "SequentialSampler"})
 
@@ -147,7 +157,7 @@ class DataCoverage(Check):
         locs = [ctx.loc(r0, c0.get("order"), "order"), ctx.loc(r0, c0.get("site"), "iteration")]
         what = f"the {c0.get('smp') or 'sampler'} of the DataLoader created at {ctx.where(r0, c0.get('created'))}"
         epoch = f"pass {int(key[2] or 0) + 1}"
-        if dist and self._explained(ctx, recs):
+        if (dist and self._explained(ctx, recs)) or (c0.get("sub") and _splits_differ(ctx)):
             return []
         # one representative per shard: ranks given the same DistributedSampler rank share it by design
         # (tensor/pipeline-parallel peers), unless num_replicas is the whole job (rank=local_rank)
