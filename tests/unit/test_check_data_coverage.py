@@ -254,3 +254,22 @@ def test_subsets_of_a_random_split_that_differs_across_ranks_are_left_to_unseede
     recs = {0: [split("a"), cov(list(range(0, 10)), 10, smp="SequentialSampler", sub=1, steps=0)],
             1: [split("b"), cov(list(range(5, 15)), 10, smp="SequentialSampler", sub=1, steps=0)]}
     assert run_check(DataCoverage, write_traces(tmp_path, recs)) == []
+
+
+def test_passes_are_matched_by_epoch_and_a_peek_on_one_rank_shifts_nothing(tmp_path):
+    """Rank 0 peeks at one batch (epoch 0) before training; passes match by the sampler's epoch."""
+    perms = {e: random.Random(e).sample(range(40), 40) for e in range(3)}
+
+    def ep(r, e, **kw):
+        return dict(cov(dsampler(40, 2, r, perms[e]), 40, dist=[2, r, False, 40], **kw), ep=e)
+
+    peek = dict(ep(0, 0), full=0, nb=1)
+    recs = {0: [peek] + [dict(ep(0, e), it=e + 1) for e in range(3)],
+            1: [dict(ep(1, e), it=e) for e in range(3)]}
+    assert run_check(DataCoverage, write_traces(tmp_path / "a", recs)) == []
+    # without epochs (another sampler), a peek is dropped from the pass count
+    for r in recs:
+        for c in recs[r]:
+            c.pop("ep"), c.pop("dist")
+            c["smp"] = "MySampler"
+    assert run_check(DataCoverage, write_traces(tmp_path / "b", recs)) == []

@@ -44,6 +44,16 @@ def _ddp_spans(ctx: Context, ranks) -> bool:
     return False
 
 
+def _report_order(found: tuple) -> tuple:
+    key = found[0]
+    return str(key[0]), key[1], key[2] if isinstance(key[2], tuple) else ("pass", key[2])
+
+
+def _label(tag) -> str:
+    """("epoch", 3) -> "epoch 3"; ("pass", 0) -> "pass 1"."""
+    return f"epoch {tag[1]}" if tag[0] == "epoch" else f"pass {tag[1] + 1}"
+
+
 def _int(v, default: int | None = 0) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
 
@@ -58,6 +68,7 @@ def _clean(rec: dict) -> dict | None:
     for k in ("full", "steps", "u", "k", "nb"):
         out[k] = _int(rec.get(k))
     out["n"] = _int(rec.get("n"), None)
+    out["ep"] = _int(rec.get("ep"), None)
     out["rate"] = min(max(_int(rec.get("rate")) or 0, 0), 23)
     d = rec.get("dist")
     if d is not None:
@@ -114,33 +125,54 @@ class DataCoverage(Check):
     }
 
     def run(self, ctx: Context):
-        passes = self._passes(ctx)
+        passes, raw = self._passes(ctx)
         out = []
         seen: dict[tuple, object] = {}
-        for key, per_rank in sorted(passes.items(), key=lambda kv: (str(kv[0][0]), kv[0][1], kv[0][2] or 0)):
-            for f in self._indices(ctx, key, per_rank) + self._files(ctx, key, per_rank):
-                # the same finding every epoch: reported once, with the number of passes
-                first = seen.get((f.data.get("what"), key[:2]))
-                if first is not None:
-                    first.data["passes"] += 1
-                    continue
-                f.data["passes"] = 1
-                seen[(f.data.get("what"), key[:2])] = f
-                out.append(f)
+        found = [(key, f) for key, per_rank in passes.items() for f in self._indices(ctx, key, per_rank)]
+        found += [(key, f) for key, per_rank in raw.items() for f in self._files(ctx, key, per_rank)]
+        for key, f in sorted(found, key=_report_order):
+            # the same finding every epoch: reported once, with the number of passes
+            first = seen.get((f.data.get("what"), key[:2]))
+            if first is not None:
+                first.data["passes"] += 1
+                continue
+            f.data["passes"] = 1
+            seen[(f.data.get("what"), key[:2])] = f
+            out.append(f)
         return out
 
     @staticmethod
-    def _passes(ctx: Context) -> dict[tuple, dict[int, dict]]:
-        """(loader file, line, pass) -> {rank: cov record}."""
-        out: dict[tuple, dict[int, dict]] = defaultdict(dict)
+    def _passes(ctx: Context) -> tuple[dict, dict]:
+        """The passes to compare, {(loader file, line, label): {rank: cov record}}, and the raw ones
+        by pass number, {(loader file, line, it): {rank: record}} (what file reads name). Labels:
+        ``("epoch", e)`` when every pass from that line has its sampler's epoch (a rank's several
+        passes in one epoch: its fullest), else ``("pass", n)`` counted without a rank's peeks
+        (at most two batches of a pass left early, followed by another pass)."""
+        raw: dict[tuple, dict[int, dict]] = defaultdict(dict)
+        by_line: dict[tuple, dict[int, list]] = defaultdict(lambda: defaultdict(list))
         for rank, rt in ctx.run.ranks.items():
-            for raw in rt.records("cov"):
-                rec = _clean(raw)
-                if rec is None:
+            for rec in rt.records("cov"):
+                c = _clean(rec)
+                if c is None:
                     continue
-                f, line = site_key(ctx, rank, rec.get("created"))
-                out[(f, line, rec["it"])][rank] = rec
-        return out
+                f, line = site_key(ctx, rank, c.get("created"))
+                raw[(f, line, c["it"])][rank] = c
+                by_line[(f, line)][rank].append(c)
+        out: dict[tuple, dict[int, dict]] = defaultdict(dict)
+        for (f, line), per_rank in by_line.items():
+            use_ep = all(_int(c.get("ep"), None) is not None for recs in per_rank.values() for c in recs)
+            for rank, recs in per_rank.items():
+                recs.sort(key=lambda c: c["it"])
+                if use_ep:
+                    for c in recs:
+                        slot = out[(f, line, ("epoch", c["ep"]))]
+                        if rank not in slot or (c["full"], c["k"]) > (slot[rank]["full"], slot[rank]["k"]):
+                            slot[rank] = c
+                    continue
+                kept = [c for i, c in enumerate(recs) if not (not c["full"] and c["nb"] <= 2 and i < len(recs) - 1)]
+                for n, c in enumerate(kept):
+                    out[(f, line, ("pass", n))][rank] = c
+        return out, raw
 
     # -- index sets -------------------------------------------------------------------------------
     def _indices(self, ctx: Context, key: tuple, per_rank: dict[int, dict]) -> list:
@@ -156,7 +188,7 @@ class DataCoverage(Check):
         c0 = recs[r0]
         locs = [ctx.loc(r0, c0.get("order"), "order"), ctx.loc(r0, c0.get("site"), "iteration")]
         what = f"the {c0.get('smp') or 'sampler'} of the DataLoader created at {ctx.where(r0, c0.get('created'))}"
-        epoch = f"pass {int(key[2] or 0) + 1}"
+        epoch = _label(key[2])
         if (dist and self._explained(ctx, recs)) or (c0.get("sub") and _splits_differ(ctx)):
             return []
         # one representative per shard: ranks given the same DistributedSampler rank share it by design
@@ -172,7 +204,7 @@ class DataCoverage(Check):
                    f"with num_replicas={dists[r0][0]}, the whole job: those ranks draw the same shard and "
                    f"{int(dists[r0][0]) - len(reps)} shard(s) are drawn by no rank (rank=local_rank on several nodes?).")
             return [self.finding(msg, sorted(r for rs in twins for r in rs), locs, kind="overlap",
-                                 data={"what": "overlap", "pass": key[2], "sranks": {str(r): d[1] for r, d in dists.items()}})]
+                                 data={"what": "overlap", "pass": epoch, "sranks": {str(r): d[1] for r, d in dists.items()}})]
         # the DataLoader's own samplers over the dataset itself walk all of it on every rank
         walks_all = not dist and all(c.get("smp") in _WHOLE and not c.get("sub") for c in recs.values())
         if len(reps) == 1 or walks_all:
@@ -195,7 +227,7 @@ class DataCoverage(Check):
         counts = (f"{_scale(shared, rate)} sample(s) are drawn by more than one rank"
                   + (f" (e.g. indices {examples})" if examples and not rate else "")
                   + (f" and {missing} by none" if missing and missing > 0 else ""))
-        data = {"pass": key[2], "shared": shared << rate, "extra": extra << rate, "union": union << rate,
+        data = {"pass": epoch, "shared": shared << rate, "extra": extra << rate, "union": union << rate,
                 "n": n if n is not None else ns, "missing": missing, "sampled": bool(rate)}
         ranks = sorted(reps.values())
         if dist and len(set(ns.values())) > 1:
@@ -288,7 +320,7 @@ class DataCoverage(Check):
             reps.setdefault(frozenset(per_rank[r]), r)
         r0 = min(per_rank)
         loader = covs.get(r0, {}).get("created")
-        epoch = f"pass {int(k[2] or 0) + 1}"
+        epoch = _label(("pass", k[2]))
         where = f"the DataLoader created at {ctx.where(r0, loader)}"
         if len(reps) == 1:
             paths = sorted(per_rank[r0])

@@ -243,7 +243,7 @@ def _record(tap: _Tap, full: bool) -> dict:
 
     info = tap.info
     rec = {"t": "cov", "it": tap.it, "full": int(full), "nb": tap.nb, "steps": _state["steps"] - tap.steps0}
-    for k in ("created", "order", "site", "smp", "dist", "repl", "kind", "sub"):
+    for k in ("created", "order", "site", "smp", "dist", "repl", "kind", "sub", "ep"):
         if info.get(k) is not None:
             rec[k] = info[k]
     if tap.opaque:
@@ -318,6 +318,9 @@ def _info(loader, rec) -> dict:
                         int(getattr(order, "total_size", 0))]
     if getattr(order, "replacement", False):
         info["repl"] = 1
+    ep = getattr(order, "epoch", None)
+    if isinstance(ep, int) and not isinstance(ep, bool):
+        info["ep"] = ep  # set_epoch's value: passes are matched across ranks by it
     return info
 
 
