@@ -273,3 +273,10 @@ def test_passes_are_matched_by_epoch_and_a_peek_on_one_rank_shifts_nothing(tmp_p
             c.pop("ep"), c.pop("dist")
             c["smp"] = "MySampler"
     assert run_check(DataCoverage, write_traces(tmp_path / "b", recs)) == []
+
+
+def test_the_same_subset_sampler_on_every_rank_is_not_called_the_whole_dataset(tmp_path):
+    recs = {r: [ddp_record(), cov(list(range(0, 30)), 40, smp="SubsetRandomSampler")] for r in (0, 1)}
+    found = run_check(DataCoverage, write_traces(tmp_path, recs))
+    assert [(f.severity, f.data["what"]) for f in found] == [("warning", "whole")]
+    assert "the same 30 samples" in found[0].message

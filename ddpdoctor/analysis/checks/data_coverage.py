@@ -275,8 +275,9 @@ class DataCoverage(Check):
         training = any(int(c.get("steps", 0) or 0) > 0 for c in recs.values()) and _ddp_spans(ctx, ranks)
         how = "a DistributedSampler with num_replicas=1" if dist else "no DistributedSampler"
         n = c0.get("n")
+        walks_all = all(c.get("smp") in _WHOLE and not c.get("sub") for c in recs.values())
         same = f"the whole dataset ({n} samples)" if isinstance(n, int) and all(
-            c.get("n") == n for c in recs.values()) and (size == n or not dist) else f"the same {size} samples"
+            c.get("n") == n for c in recs.values()) and (size == n or walks_all) else f"the same {size} samples"
         msg = (f"In {epoch} of {what}, every rank ({fmt(ranks)}) draws {same} "
                f"({how})" + (": the DDP model trains on every sample world-size times per epoch, and the "
                              "epoch costs the whole dataset on every rank." if training else
