@@ -4,7 +4,7 @@ jobs (the unit tests on hand-written traces are in tests/unit)."""
 from __future__ import annotations
 
 import pytest
-from support.jobs import example_reports
+from support.jobs import ROOT, example_reports, findings_json, run_bounded, torchrun, trace
 
 
 @pytest.fixture(scope="module")
@@ -32,3 +32,21 @@ def test_good_example_is_silent(reports):
         [x["message"] for x in reports["good"]]
     # the evaluation every rank runs over the whole validation set: info, nothing louder
     assert [(x["severity"], x["data"]["what"], x["data"]["training"]) for x in mine] == [("info", "whole", False)]
+
+
+def test_same_sampler_rank_and_unsharded_files_on_real_ranks(tmp_path):
+    """tests/e2e/programs/coverage_cases.py: the findings, and the program's results unchanged."""
+    prog = ROOT / "tests" / "e2e" / "programs" / "coverage_cases.py"
+    plain = run_bounded(torchrun(prog), timeout=120)
+    out = tmp_path / "trace"
+    res = trace(torchrun(prog), out, "--no-report", "--hang-timeout", "20", timeout=120)
+    assert res.returncode == 0 == plain.returncode, res.stderr[-3000:]
+    totals = sorted(line for line in res.stdout.splitlines() if line.startswith("rank "))
+    assert totals == sorted(line for line in plain.stdout.splitlines() if line.startswith("rank ")) and len(totals) == 2
+    found = {f["data"]["what"]: f for f in findings_json(out)["findings"] if f["category"] == "data-coverage"}
+    assert sorted(found) == ["overlap", "same-files"], [f["message"] for f in found.values()]
+    lines = {m: i + 1 for i, text in enumerate(prog.read_text().splitlines()) for m in ("L:same-rank", "L:all-files")
+             if m in text}
+    assert found["overlap"]["severity"] == "error" and found["overlap"]["locations"][0]["line"] == lines["L:same-rank"]
+    assert found["same-files"]["severity"] == "warning" and found["same-files"]["data"]["files"] == 3
+    assert found["same-files"]["locations"][1]["line"] == lines["L:all-files"]
