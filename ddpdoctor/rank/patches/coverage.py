@@ -282,13 +282,21 @@ def _at_exit() -> None:
         tap.finish(False)
 
 
+def _site_of(obj):
+    """Where ``obj`` was constructed (site id), or None (not seen, or an unhashable object)."""
+    try:
+        return _made.get(obj)
+    except TypeError:
+        return None
+
+
 def _info(loader, rec) -> dict:
     from torch.utils.data import IterableDataset, Subset
     from torch.utils.data.distributed import DistributedSampler
 
     smp = getattr(loader, "sampler", None)
     bs = getattr(loader, "batch_sampler", None)
-    info: dict = {"ds": loader.dataset, "created": _made.get(loader), "site": rec.sites.current(2)}
+    info: dict = {"ds": loader.dataset, "created": _site_of(loader), "site": rec.sites.current(2)}
     if isinstance(loader.dataset, IterableDataset):
         info["kind"] = "iter"
         return info
@@ -303,15 +311,9 @@ def _info(loader, rec) -> dict:
     info["smp"] = type(order).__name__
     site = getattr(order, "_ddpdoctor_site", None)
     if site is None:
-        try:
-            site = _made.get(order)
-        except TypeError:
-            site = None
+        site = _site_of(order)
     if site is None:
-        try:
-            site = _made.get(loader.dataset)
-        except TypeError:
-            site = None
+        site = _site_of(loader.dataset)
     info["order"] = site if site is not None else info["created"]
     if isinstance(order, DistributedSampler):
         info["dist"] = [int(order.num_replicas), int(order.rank), bool(order.drop_last),
