@@ -253,7 +253,10 @@ def _record(tap: _Tap, full: bool) -> dict:
         rec["n"] = len(info["ds"])  # the loader's dataset: what its sampler shards
     except Exception:
         pass
-    base, idx = _to_base(info["ds"], idx, torch)
+    try:
+        base, idx = _to_base(info["ds"], idx, torch)
+    except (TypeError, ValueError, IndexError, RuntimeError):
+        return rec  # Subset indices of an unexpected kind: counts only
     rec["dk"] = dataset_key(base, torch)
     uniq = _distinct(idx[idx >= 0], torch)
     rec["k"] = int(idx.numel())
