@@ -67,6 +67,9 @@ def on_torch_imported() -> None:
             return
         patch_ddp.patch()
         patch_data.patch()
+        from .patches import pyrng as patch_pyrng  # Python / NumPy seeds and set-up draws
+
+        patch_pyrng.patch()
         exithooks.wrap_spawn_worker()
         os.register_at_fork(after_in_child=_after_fork_in_child)
         del rec

@@ -12,6 +12,7 @@ from collections import defaultdict
 
 from ..findings import Location
 from ._records import aligned, by_value, describe, minority, site_key
+from ._rngdraws import draw_findings
 from .base import Check, Context, Kind, fmt
 
 
@@ -38,18 +39,29 @@ class UnseededRng(Check):
         "model-init": Kind(fix=("Seed identically on every rank before building the model, or wrap it "
                                 "in DistributedDataParallel (or broadcast the parameters from rank 0 "
                                 "once) before training.")),
+        "draw": Kind(title="Python/NumPy randomness decides the set-up differently on each rank",
+                     fix=("Seed random / np.random identically on every rank before the set-up (random.seed(42), "
+                          "np.random.seed(42)) or draw from a generator of its own with a shared seed "
+                          "(random.Random(42).shuffle(files), np.random.default_rng(42).permutation(n)); "
+                          "seed per rank (seed + rank) only after the set-up, for augmentation.")),
+        "draw-value": Kind(severity="warning",
+                           title="Python/NumPy values drawn while setting up differ across ranks",
+                           fix=("If the value decides the model or the data (a size, a split point), draw it "
+                                "from a generator seeded identically on every rank, or broadcast it from rank 0.")),
         "seed": Kind(severity="info", title="Rank-dependent random seed",
                      fix="Nothing to fix if per-rank randomness is intended."),
     }
 
     def run(self, ctx: Context):
-        seeds = {r: rt.records("seed") for r, rt in ctx.run.ranks.items()}
+        seeds = {r: [s for s in rt.records("seed") if s.get("gen", "torch") == "torch"]
+                 for r, rt in ctx.run.ranks.items()}
         cited: set = set()  # seed sites already named as a cause
         findings = []
         split_fps: dict[int, set] = defaultdict(set)  # rank -> digests of split parts that differ
         findings += self._splits(ctx, seeds, cited, split_fps)
         findings += self._samplers(ctx, split_fps)
         findings += self._optimizers(ctx, seeds, cited)
+        findings += draw_findings(self, ctx, cited)  # Python / NumPy draws while setting up
         findings += self._seeds(ctx, cited, clean=not findings)
         return findings
 
@@ -246,16 +258,24 @@ class UnseededRng(Check):
                 continue
             r0 = min(per_rank)
             s0 = per_rank[r0]
-            msg = (f"torch.manual_seed at {ctx.where(r0, s0.get('site'))} seeds the default generator with "
+            seeder, gen = _SEEDERS.get(str(s0.get("gen", "torch")), _SEEDERS["torch"])
+            msg = (f"{seeder} at {ctx.where(r0, s0.get('site'))} seeds {gen} with "
                    f"a different value on each rank ({describe(groups)}). That is right for augmentation "
                    f"and dropout, wrong for anything that must agree across ranks (model initialisation, "
                    f"data splits, shuffled index lists).")
             if clean:
                 msg += (" Nothing recorded that must agree (splits, samplers, the parameters optimizers "
-                        "start from) came out different.")
+                        "start from, Python/NumPy draws while setting up) came out different.")
             out.append(self.finding(msg, sorted(per_rank), [ctx.loc(r0, s0.get("site"), "seed")],
                                     kind="seed", data={"what": "seed", "site": list(key[:2])}))
         return out
+
+
+#: seed record ``gen`` -> (the call, the generator it seeds), for messages.
+_SEEDERS = {"torch": ("torch.manual_seed", "the default generator"),
+            "python": ("random.seed", "Python's global generator"),
+            "numpy": ("np.random.seed", "NumPy's global generator"),
+            "numpy_rng": ("np.random.default_rng", "a NumPy Generator")}
 
 
 def _wrapped_after(ctx: Context, per_rank: dict) -> bool:
