@@ -6,7 +6,9 @@ rank runs together. From the ``bn`` records with ``op`` ``mode`` (rank/patches/b
 carrying the number of backwards the module had run when the modes changed, the mode in effect at
 step j on a rank is the last one recorded with ``bwd <= j - 1``. Steps are compared up to the
 fewest any rank ran, so evaluation that one rank runs alone after (or between) the training steps,
-with no backward, is never compared: rank-0-only evaluation stays quiet.
+with no backward, is never compared: rank-0-only evaluation stays quiet. With SyncBatchNorm, whose
+forward all-gathers in train mode only, differing modes stop the job inside the next step: when a
+rank did not reach a normal exit, that step is compared too.
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ def mode_finding(check, ctx: Context, idx: int, sbn: bool):
     if any(s is None for s in steps):
         return None
     last = min(s for s in steps if s is not None)
+    if sbn and any(not any(x.get("at") == "exit" for x in recs) for recs in per.values()):
+        # SyncBatchNorm's own collectives in forward stop the ranks inside the step after the
+        # last complete one when the modes differ: that step counts too
+        last += 1
     candidates = sorted({int(x.get("bwd", 0) or 0) + 1 for recs in per.values() for x in recs})
     for step in (j for j in candidates if 1 <= j <= last):
         modes = {r: _mode_at(recs, step) for r, recs in per.items()}
