@@ -1,0 +1,64 @@
+"""End to end on real gloo jobs: Python/NumPy randomness deciding the set-up (unseeded-rng, DD004)
+and BatchNorm train/eval modes differing across ranks at the same step (batchnorm-sync, DD014),
+each with a correct program that must stay without error or warning."""
+
+from __future__ import annotations
+
+import pytest
+from support.jobs import ROOT, findings_json, read_records, torchrun, trace
+
+SILENT = ROOT / "tests" / "e2e" / "silent_programs"
+CORRECT = ROOT / "tests" / "e2e" / "correct_programs"
+
+
+def _line(path, marker: str) -> int:
+    return next(i for i, s in enumerate(path.read_text().splitlines(), 1) if marker in s)
+
+
+def _run(tmp_path, prog):
+    out = tmp_path / "t"
+    res = trace(torchrun(prog), out, "--no-report", "--hang-timeout", "20", timeout=120)
+    assert res.returncode in (0, 1), res.stderr[-3000:]  # 1: findings
+    return out, findings_json(out)["findings"]
+
+
+def test_python_and_numpy_draws_seeded_by_rank_are_found_at_their_lines(tmp_path):
+    prog = SILENT / "pyrng_setup.py"
+    out, found = _run(tmp_path, prog)
+    draws = {f["data"]["fn"]: f for f in found if f["id"] == "DD004" and f["data"].get("what") == "draw"}
+    assert set(draws) == {"shuffle", "permutation"}, [f["message"] for f in found]
+    for fn, marker, seeder in (("shuffle", "random.shuffle(files)", "    random.seed(rank)"),
+                               ("permutation", "np.random.permutation(40)", "    np.random.seed(rank)")):
+        f = draws[fn]
+        assert f["severity"] == "error" and f["data"]["seeded"] == "rank"
+        lines = {loc["role"]: loc["line"] for loc in f["locations"]}
+        assert lines == {"draw": _line(prog, marker), "seed": _line(prog, seeder)}
+    # the augmentation in the training loop is never recorded (the window closed at the DataLoader)
+    for rank in (0, 1):
+        rng = [r for r in read_records(out, rank) if r["t"] == "rng"]
+        assert [(r["op"], r.get("fn")) for r in rng] == [("draw", "shuffle"), ("draw", "permutation"), ("end", None)]
+        assert rng[-1]["why"] == "iter"
+
+
+def test_rank0_left_in_eval_mode_is_found_at_the_next_step(tmp_path):
+    prog = SILENT / "bn_mode_rank0.py"
+    out, found = _run(tmp_path, prog)
+    mode = [f for f in found if f["id"] == "DD014" and f["data"].get("op") == "mode"]
+    assert len(mode) == 1, [f["message"] for f in found]
+    assert mode[0]["severity"] == "error" and mode[0]["data"]["step"] == 5
+    assert mode[0]["data"]["modes"] == {"0": "eval mode", "1": "train mode"}
+    assert [(loc["rank"], loc["line"]) for loc in mode[0]["locations"]] == [(0, _line(prog, "# the bug"))]
+
+
+@pytest.mark.parametrize("program", ["per_rank_augment.py", "rank0_eval_bn.py"])
+def test_correct_program_has_no_error_or_warning(tmp_path, program):
+    out = tmp_path / "t"
+    res = trace(torchrun(CORRECT / program), out, "--hang-timeout", "20", timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    found = findings_json(out)["findings"]
+    assert not [f["message"] for f in found if f["severity"] in ("error", "warning")]
+    if program == "per_rank_augment.py":  # the loop's draws were recorded, and judged per-step
+        assert any(r["t"] == "rng" and r.get("fn") == "choice" for r in read_records(out, 0))
+        assert {f["data"]["what"] for f in found if f["id"] == "DD004"} <= {"seed"}
+    else:  # rank 0's evaluations were recorded, and never compared
+        assert sum(r["t"] == "bn" and r.get("op") == "mode" for r in read_records(out, 0)) >= 4
