@@ -74,3 +74,10 @@ def test_syncbatchnorm_stuck_in_the_step_after_the_last_backward_is_found(tmp_pa
     found = run_check(BatchnormSync, write_traces(tmp_path / "a", {0: body(True, True), 1: body(False, True)}))
     assert [(f.data.get("op"), f.data.get("step")) for f in found] == [("mode", 4)]
     assert run_check(BatchnormSync, write_traces(tmp_path / "b", {0: body(True, False), 1: body(False, False)})) == []
+
+
+def test_damaged_mode_records_give_no_traceback(tmp_path):
+    junk = {"t": "bn", "op": "mode", "id": 0, "at": "train", "train": "x", "of": [1], "fp": [2], "bwd": "y",
+            "site": ("train.py", 40)}
+    found = run(tmp_path, {0: [junk, mode(True, 3, "exit")], 1: [mode(True, 3, "exit")]})
+    assert [f.data.get("step") for f in found] == [1]  # junk counts as a change before step 1

@@ -96,3 +96,13 @@ def test_python_seeds_are_not_the_cause_of_a_torch_split(tmp_path):
     found = check(tmp_path, ranks)
     sp = [f for f in found if f.data.get("what") == "split"]
     assert sp and "random.seed" not in sp[0].message and "same" in sp[0].message
+
+
+def test_damaged_records_give_no_traceback(tmp_path):
+    bad = {"t": "rng", "op": "draw", "gen": "python", "fn": ["x"], "in": [1, 2], "out": {"a": 1},
+           "site": ("train.py", 9)}
+    ranks = {r: [dict(seed(r), value=[r]), dict(bad, out=[r]), {"t": "rng", "op": "end", "site": "?"}] for r in (0, 1)}
+    found = check(tmp_path, ranks)
+    assert [f.data.get("what") for f in found] == ["draw"]  # the seed is cited there
+    found = check(tmp_path / "b", {r: [dict(seed(r), value=[r])] for r in (0, 1)})
+    assert [f.data.get("what") for f in found] == ["seed"]

@@ -17,27 +17,31 @@ from ._records import by_value, minority
 from .base import Context, fmt
 
 
+def _int(v) -> int:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1 << 53 else 0
+
+
 def _steps(ctx: Context, rank: int, recs: list[dict], modules: int) -> int | None:
     """Gradient all-reduces this module ran on this rank: from the exit record, else (one DDP
     module) the rank's DDP backwards; None when unknown."""
     ends = [r for r in recs if r.get("at") == "exit"]
     if ends:
-        return int(ends[-1].get("bwd", 0) or 0)
+        return _int(ends[-1].get("bwd"))
     if modules == 1:
-        return int(ctx.run.ranks[rank].ddp_steps.get("ddp_backward", 0))
+        return _int(ctx.run.ranks[rank].ddp_steps.get("ddp_backward", 0))
     return None
 
 
 def _mode_at(recs: list[dict], step: int) -> dict | None:
     cur = None
     for r in recs:
-        if r.get("at") != "exit" and int(r.get("bwd", 0) or 0) <= step - 1:
+        if r.get("at") != "exit" and _int(r.get("bwd")) <= step - 1:
             cur = r
     return cur
 
 
 def _label(rec: dict) -> str:
-    n, of = int(rec.get("train", 0) or 0), int(rec.get("of", 0) or 0)
+    n, of = _int(rec.get("train")), _int(rec.get("of"))
     if n == of:
         return "train mode"
     if n == 0:
@@ -49,7 +53,7 @@ def mode_finding(check, ctx: Context, idx: int, sbn: bool):
     """The first step at which the module's BatchNorm modes differ across ranks, as a finding."""
     per: dict[int, list[dict]] = {}
     for r, rt in ctx.run.ranks.items():
-        recs = [x for x in rt.records("bn") if x.get("op") == "mode" and int(x.get("id", 0) or 0) == idx]
+        recs = [x for x in rt.records("bn") if x.get("op") == "mode" and _int(x.get("id")) == idx]
         if recs:
             per[r] = recs
     if len(per) < 2:
@@ -63,12 +67,12 @@ def mode_finding(check, ctx: Context, idx: int, sbn: bool):
         # SyncBatchNorm's own collectives in forward stop the ranks inside the step after the
         # last complete one when the modes differ: that step counts too
         last += 1
-    candidates = sorted({int(x.get("bwd", 0) or 0) + 1 for recs in per.values() for x in recs})
+    candidates = sorted({_int(x.get("bwd")) + 1 for recs in per.values() for x in recs})
     for step in (j for j in candidates if 1 <= j <= last):
         modes = {r: _mode_at(recs, step) for r, recs in per.items()}
         if any(m is None for m in modes.values()):
             continue
-        groups = by_value({r: m.get("fp") for r, m in modes.items() if m is not None})
+        groups = by_value({r: str(m.get("fp")) for r, m in modes.items() if m is not None})
         if len(groups) < 2:
             continue
         odd = minority(groups)

@@ -22,10 +22,20 @@ _SEEDER = {"python": "random.seed", "numpy": "np.random.seed"}
 _GENERATOR = {"python": "Python's global generator (random)", "numpy": "NumPy's global generator (np.random)"}
 
 
+def _key(v) -> object:
+    """A trace value usable as a dict key (a damaged trace may hold lists)."""
+    return v if v is None or isinstance(v, (int, float, str)) else repr(v)
+
+
+def _ts(rec: dict) -> int:
+    v = rec.get("ts", 0)
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+
+
 def _loops(ctx: Context, rank: int, sid) -> set[tuple]:
     """(file, line) of the loops enclosing a call site, over its whole user stack."""
     conds = ctx.site(rank, sid).get("conds") or []
-    return {(c[0], c[1]) for c in conds if isinstance(c, list) and len(c) >= 4 and c[3] in _LOOPS}
+    return {(c[0], c[1]) for c in conds if isinstance(c, list) and len(c) >= 4 and _key(c[3]) in _LOOPS}
 
 
 def _setup_draws(ctx: Context) -> dict[int, list[dict]]:
@@ -44,13 +54,13 @@ def _cause(ctx: Context, gen: str, at: dict[int, int], cited: set) -> tuple[str,
     last: dict[int, dict | None] = {}
     for r, ts in at.items():
         seeds = [s for s in ctx.run.ranks[r].records("seed")
-                 if s.get("gen") == gen and int(s.get("ts", 0) or 0) <= ts]
+                 if s.get("gen") == gen and _ts(s) <= ts]
         last[r] = seeds[-1] if seeds else None
     gname, seeder = _GENERATOR[gen], _SEEDER[gen]
     if all(s is None for s in last.values()):
         return (f" Cause: {gname} was never seeded ({seeder}): every process seeds it from OS entropy, "
                 "so each rank draws its own values."), [], "never"
-    vals = by_value({r: (s.get("value") if s else "not seeded") for r, s in last.items()})
+    vals = by_value({r: (_key(s.get("value")) if s else "not seeded") for r, s in last.items()})
     r0 = next(r for r, s in last.items() if s is not None)
     s0 = last[r0]
     cited.add(site_key(ctx, r0, s0.get("site")))
@@ -74,11 +84,11 @@ def draw_findings(check, ctx: Context, cited: set) -> list:
         if len(per_rank) < 2:
             continue
         # ranks that drew from the same input (a rank's own shard shuffled per rank is intended)
-        same_in = next(iter(by_value({r: d.get("in") for r, d in per_rank.items()}).values()))
+        same_in = next(iter(by_value({r: _key(d.get("in")) for r, d in per_rank.items()}).values()))
         if len(same_in) < 2:
             continue
         sub = {r: per_rank[r] for r in same_in}
-        groups = by_value({r: d.get("out") for r, d in sub.items()})
+        groups = by_value({r: _key(d.get("out")) for r, d in sub.items()})
         if len(groups) < 2:
             continue
         r0 = min(sub)
@@ -97,7 +107,7 @@ def draw_findings(check, ctx: Context, cited: set) -> list:
                   "architecture or size differs." if selection else
                   "a size, a split point or a structural choice drawn here is not the same model or data "
                   "on every rank."))
-        cause, locs, seeded = _cause(ctx, gen, {r: int(d.get("ts", 0) or 0) for r, d in sub.items()}, cited)
+        cause, locs, seeded = _cause(ctx, gen, {r: _ts(d) for r, d in sub.items()}, cited)
         msg += cause
         out.append(check.finding(
             msg, minority(groups) if seeded == "same" else sorted(sub),

@@ -253,7 +253,7 @@ class UnseededRng(Check):
         for key, per_rank in aligned(ctx, "seed").items():
             if len(per_rank) < 2 or key[:2] in cited or key[:2] in per_item:
                 continue
-            groups = by_value({r: s.get("value") for r, s in per_rank.items()})
+            groups = by_value({r: _hashable(s.get("value")) for r, s in per_rank.items()})
             if len(groups) < 2:
                 continue
             r0 = min(per_rank)
@@ -276,6 +276,11 @@ _SEEDERS = {"torch": ("torch.manual_seed", "the default generator"),
             "python": ("random.seed", "Python's global generator"),
             "numpy": ("np.random.seed", "NumPy's global generator"),
             "numpy_rng": ("np.random.default_rng", "a NumPy Generator")}
+
+
+def _hashable(v) -> object:
+    """A seed value as a dict key (a damaged trace may hold a list)."""
+    return v if v is None or isinstance(v, (int, float, str)) else repr(v)
 
 
 def _wrapped_after(ctx: Context, per_rank: dict) -> bool:
