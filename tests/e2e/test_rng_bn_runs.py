@@ -4,6 +4,10 @@ each with a correct program that must stay without error or warning."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 from support.jobs import ROOT, findings_json, read_records, torchrun, trace
 
@@ -62,3 +66,37 @@ def test_correct_program_has_no_error_or_warning(tmp_path, program):
         assert {f["data"]["what"] for f in found if f["id"] == "DD004"} <= {"seed"}
     else:  # rank 0's evaluations were recorded, and never compared
         assert sum(r["t"] == "bn" and r.get("op") == "mode" for r in read_records(out, 0)) >= 4
+
+
+PROG = textwrap.dedent("""
+    import random
+    import numpy as np
+    import torch
+    import torch.nn as nn
+    from torch.nn.modules import module as mod
+    from torch.utils.data import DataLoader
+    from ddpdoctor.rank.patches import pyrng
+
+    orig = {n: getattr(random, n) for n in ("shuffle", "choice", "random")}
+    orig_np = {n: getattr(np.random, n) for n in ("permutation", "choice")}
+    orig_iter = DataLoader.__iter__
+    random.seed(3); np.random.seed(3)
+    want = (random.sample(range(50), 5), list(np.random.permutation(9)), random.random())
+    pyrng.patch()
+    assert random.shuffle is not orig["shuffle"] and np.random.permutation is not orig_np["permutation"]
+    assert DataLoader.__iter__ is not orig_iter and mod._global_forward_pre_hooks
+    random.seed(3); np.random.seed(3)
+    got = (random.sample(range(50), 5), list(np.random.permutation(9)), random.random())
+    assert got == want, (got, want)  # the wrappers return what the functions return
+    nn.Linear(2, 2)(torch.ones(1, 2))  # the first forward closes the window
+    assert all(getattr(random, n) is f for n, f in orig.items())
+    assert all(getattr(np.random, n) is f for n, f in orig_np.items())
+    assert DataLoader.__iter__ is orig_iter and not mod._global_forward_pre_hooks
+    assert getattr(random.seed, "__ddpdoctor_wrapped__", False)  # seeds stay recorded
+    print("ok")
+""")
+
+
+def test_window_wraps_returns_unchanged_and_unwraps_at_first_forward():
+    res = subprocess.run([sys.executable, "-c", PROG], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
