@@ -106,3 +106,20 @@ def test_damaged_records_give_no_traceback(tmp_path):
     assert [f.data.get("what") for f in found] == ["draw"]  # the seed is cited there
     found = check(tmp_path / "b", {r: [dict(seed(r), value=[r])] for r in (0, 1)})
     assert [f.data.get("what") for f in found] == ["seed"]
+
+
+def test_values_a_library_draws_for_itself_are_silent_but_its_selections_are_not(tmp_path):
+    from support.traces import write_rank
+
+    from ddpdoctor.analysis.checks.unseeded_rng import UnseededRng as Check
+    from ddpdoctor.trace import records
+
+    def recs(r, fn):
+        lib = records.site(1, "/src/train.py", 12, "main", "port = pick_port()", via="somelib util.py:40")
+        return [lib, {"t": "rng", "op": "draw", "gen": "python", "fn": fn, "in": "i", "out": f"o{r}", "ts": 5, "site": 1}]
+
+    for fn, want in (("randint", []), ("shuffle", ["draw"])):
+        folder = tmp_path / fn
+        for r in (0, 1):
+            write_rank(folder, r, 2, recs(r, fn))
+        assert [f.data.get("what") for f in run_check(Check, folder)] == want

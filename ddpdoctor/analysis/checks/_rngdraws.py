@@ -7,7 +7,7 @@ optimizer step, at the same line and occurrence on every rank, over the same inp
 different results. Set-up is where the model is built and the data is assigned, so such a draw
 decides them per rank. Draws inside the loop that ends the set-up window (the training loop's
 first step drawing its augmentation before the first forward) are per-step randomness, not
-set-up, and are not compared.
+set-up, and are not compared; nor are values (not selections) that library code draws for itself.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ def _setup_draws(ctx: Context) -> dict[int, list[dict]]:
         end = next((x for x in recs if x.get("op") == "end"), None)
         step_loops = _loops(ctx, r, end.get("site")) if end is not None else set()
         out[r] = [x for x in recs if x.get("op") == "draw" and x.get("gen") in _PREFIX
-                  and not (step_loops & _loops(ctx, r, x.get("site")))]
+                  and not (step_loops & _loops(ctx, r, x.get("site")))
+                  # a library's own values (a port, a temporary name, a retry delay) are its business
+                  and (_key(x.get("fn")) in SELECTIONS or not ctx.site(r, x.get("site")).get("via"))]
     return out
 
 
