@@ -60,9 +60,24 @@ def test_same_seed_consumed_differently_blames_the_odd_rank(tmp_path):
     assert "same on every rank" in found[0].message
 
 
-def test_scalar_draw_that_differs_is_a_warning(tmp_path):
-    found = check(tmp_path, {r: [seed(r), draw(f"v{r}", fn="randint", inp="(16, 64)"), end()] for r in (0, 1)})
-    assert kinds(found) == [("draw", "randint", "warning")]
+def test_values_are_info_and_choices_warnings_unless_something_that_must_agree_differs(tmp_path):
+    def ranks(fn, **kw):
+        return {r: [seed(r), draw(f"v{r}", fn=fn, inp="(16, 64)", **kw), end()] for r in (0, 1)}
+
+    assert kinds(check(tmp_path / "a", ranks("randint"))) == [("draw", "randint", "info")]
+    assert kinds(check(tmp_path / "b", ranks("choice"))) == [("draw", "choice", "warning")]
+    # characters picked (a run name): a value, not a selection of data or of a model
+    chars = {r: [draw(f"v{r}", fn="choices", inp="abc"), end()] for r in (0, 1)}
+    for recs in chars.values():
+        recs[0]["ty"] = "str"
+    assert kinds(check(tmp_path / "c", chars)) == [("draw", "choices", "info")]
+    # a rank failed (DDP refuses models whose parameters differ): the choice is the likely cause
+    failed = ranks("choice")
+    out = run_check(UnseededRng, write_run(tmp_path / "d", failed, exits={1: {"t": "exit", "how": "exception",
+                                                                               "exc": "RuntimeError: DDP"}}))
+    assert kinds(out) == [("draw", "choice", "error")]
+    out = run_check(UnseededRng, write_run(tmp_path / "e", ranks("randint"), exits={1: None}))  # killed
+    assert kinds(out) == [("draw", "randint", "warning")]
 
 
 def test_own_shard_shuffled_per_rank_is_silent(tmp_path):

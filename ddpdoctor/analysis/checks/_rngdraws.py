@@ -16,6 +16,8 @@ from ._records import aligned, by_value, describe, minority, site_key
 from .base import Context, fmt
 
 SELECTIONS = frozenset({"shuffle", "sample", "choice", "choices", "permutation"})
+#: Selections that order or subset a collection: data assignment (error on their own).
+ORDERINGS = frozenset({"shuffle", "sample", "permutation"})
 _LOOPS = ("for", "while", "asyncfor")
 _PREFIX = {"python": "random.", "numpy": "np.random."}
 _SEEDER = {"python": "random.seed", "numpy": "np.random.seed"}
@@ -78,8 +80,13 @@ def _cause(ctx: Context, gen: str, at: dict[int, int], cited: set) -> tuple[str,
             "drew different amounts from the generator before this line."), loc, "same"
 
 
-def draw_findings(check, ctx: Context, cited: set) -> list:
-    """Findings for set-up draws whose results differ across ranks over the same input."""
+def draw_findings(check, ctx: Context, cited: set, clean: bool) -> list:
+    """Findings for set-up draws whose results differ across ranks over the same input.
+
+    Severity: a shuffle, permutation or sample of a collection is an error (it orders or subsets
+    what is assigned to the ranks); a choice is a warning and a value (a number, a pick of
+    characters: a run name) info, each one step louder when something that must agree was seen to
+    differ (``clean`` False: another DD004 finding, or a rank that did not exit normally)."""
     draws = _setup_draws(ctx)
     out = []
     for key, per_rank in aligned(ctx, "rng", records=lambda rt: draws[rt.rank]).items():
@@ -97,7 +104,13 @@ def draw_findings(check, ctx: Context, cited: set) -> list:
         d0 = sub[r0]
         gen, fn = str(d0.get("gen")), str(d0.get("fn"))
         name = _PREFIX[gen] + fn
-        selection = fn in SELECTIONS
+        selection = fn in SELECTIONS and d0.get("ty") != "str"  # characters picked: a name, a value
+        if selection and fn in ORDERINGS:
+            sev = "error"
+        elif selection:
+            sev = "warning" if clean else "error"
+        else:
+            sev = "info" if clean else "warning"
         names = {v: f"result {chr(ord('A') + i) if i < 26 else i}" for i, v in enumerate(groups)}
         what = ("orders or picks from the same input differently" if selection
                 else "draws different values from the same arguments")
@@ -113,7 +126,7 @@ def draw_findings(check, ctx: Context, cited: set) -> list:
         msg += cause
         out.append(check.finding(
             msg, minority(groups) if seeded == "same" else sorted(sub),
-            [ctx.loc(r0, d0.get("site"), "draw"), *locs], kind="draw" if selection else "draw-value",
+            [ctx.loc(r0, d0.get("site"), "draw"), *locs], kind="draw" if selection else "draw-value", severity=sev,
             evidence=[[fmt(rs), f"{name} -> {v}",
                        ctx.where(rs[0], sub[rs[0]].get("site"))] for v, rs in groups.items()],
             data={"what": "draw", "gen": gen, "fn": fn, "site": list(key[:2]), "seeded": seeded,

@@ -61,7 +61,8 @@ class UnseededRng(Check):
         findings += self._splits(ctx, seeds, cited, split_fps)
         findings += self._samplers(ctx, split_fps)
         findings += self._optimizers(ctx, seeds, cited)
-        findings += draw_findings(self, ctx, cited)  # Python / NumPy draws while setting up
+        ended = all((rt.exit_record() or {}).get("how") == "normal" for rt in ctx.run.ranks.values())
+        findings += draw_findings(self, ctx, cited, clean=not findings and ended)  # Python / NumPy set-up draws
         findings += self._seeds(ctx, cited, clean=not findings)
         return findings
 

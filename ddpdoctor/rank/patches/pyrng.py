@@ -109,13 +109,14 @@ def _draw_wrapper(gen: str, fn: str, orig):
         except Exception:
             inp = "?"
         result = orig(*args, **kwargs)
-        _emit_draw(gen, fn, inp, args[0] if fn == "shuffle" and args else result)
+        ty = type(args[0]).__name__ if fn in SELECTIONS and args else None
+        _emit_draw(gen, fn, inp, ty, args[0] if fn == "shuffle" and args else result)
         return result
 
     return functools.wraps(orig)(draw)
 
 
-def _emit_draw(gen: str, fn: str, inp: str, result) -> None:
+def _emit_draw(gen: str, fn: str, inp: str, ty: str | None, result) -> None:
     rec = _rec()
     if rec is None or _state["count"] >= TOTAL:
         return
@@ -126,8 +127,11 @@ def _emit_draw(gen: str, fn: str, inp: str, result) -> None:
             return
         _state["per_site"][site] = n + 1
         _state["count"] += 1
-        rec.emit({"t": "rng", "op": "draw", "gen": gen, "fn": fn, "in": inp, "out": digest(result),
-                  "ts": rec.now_us(), "site": site})
+        out = {"t": "rng", "op": "draw", "gen": gen, "fn": fn, "in": inp, "out": digest(result),
+               "ts": rec.now_us(), "site": site}
+        if ty is not None:
+            out["ty"] = ty
+        rec.emit(out)
     except Exception as exc:
         rec.internal_error(exc)
 
