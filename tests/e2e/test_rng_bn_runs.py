@@ -100,3 +100,15 @@ PROG = textwrap.dedent("""
 def test_window_wraps_returns_unchanged_and_unwraps_at_first_forward():
     res = subprocess.run([sys.executable, "-c", PROG], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
+
+
+def test_architecture_chosen_per_rank_is_the_root_cause_of_the_ddp_failure(tmp_path):
+    prog = SILENT / "pyrng_arch.py"
+    out = tmp_path / "t"
+    res = trace(torchrun(prog), out, "--no-report", "--hang-timeout", "10", "--on-hang", "kill", timeout=120)
+    assert res.returncode != 0
+    found = findings_json(out)["findings"]
+    draws = [f for f in found if f["id"] == "DD004" and f["data"].get("what") == "draw"]
+    assert [(f["data"]["fn"], f["severity"]) for f in draws] == [("choice", "error")], [f["message"] for f in found]
+    lines = {loc["role"]: loc["line"] for loc in draws[0]["locations"]}
+    assert lines == {"draw": _line(prog, "random.choice("), "seed": _line(prog, "random.seed(rank)")}
