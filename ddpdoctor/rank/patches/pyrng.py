@@ -64,7 +64,7 @@ def _array(a) -> str:
     try:
         import numpy as np
 
-        flat = np.ascontiguousarray(np.asarray(a).reshape(-1)[:_ELEMS])
+        flat = np.ascontiguousarray(np.asarray(a).flat[:_ELEMS])  # never a copy of the whole array
         return f"a{flat.dtype.str}{np.shape(a)}:{zlib.crc32(flat.tobytes()):08x}"
     except Exception:
         return type(a).__name__
