@@ -19,6 +19,9 @@ SELECTIONS = frozenset({"shuffle", "sample", "choice", "choices", "permutation"}
 #: Selections that order or subset a collection: data assignment (error on their own).
 ORDERINGS = frozenset({"shuffle", "sample", "permutation"})
 _LOOPS = ("for", "while", "asyncfor")
+_VERBS = {"shuffle": "shuffles the same list into a different order", "permutation": "draws a different permutation",
+          "sample": "samples a different subset of the same input", "choice": "picks differently from the same options",
+          "choices": "picks differently from the same options"}
 _PREFIX = {"python": "random.", "numpy": "np.random."}
 _SEEDER = {"python": "random.seed", "numpy": "np.random.seed"}
 _GENERATOR = {"python": "Python's global generator (random)", "numpy": "NumPy's global generator (np.random)"}
@@ -112,8 +115,8 @@ def draw_findings(check, ctx: Context, cited: set, clean: bool) -> list:
         else:
             sev = "info" if clean else "warning"
         names = {v: f"result {chr(ord('A') + i) if i < 26 else i}" for i, v in enumerate(groups)}
-        what = ("orders or picks from the same input differently" if selection
-                else "draws different values from the same arguments")
+        what = _VERBS.get(fn, "orders or picks from the same input differently") if selection \
+            else "draws different values from the same arguments"
         msg = (f"{name} at {ctx.where(r0, d0.get('site'))} {what} on different ranks ({len(groups)} distinct "
                f"results: {describe(groups, names.get)}) while the program sets up, before its first forward, "
                f"DataLoader iteration or optimizer step. Whatever it decides there differs across ranks: "
