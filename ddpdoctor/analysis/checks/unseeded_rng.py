@@ -2,7 +2,9 @@
 
 Only the recorded points where ranks must agree are compared (``random_split`` results, a
 ``DistributedSampler``'s seed / dataset length / Subset indices, the parameters an optimizer
-starts from); per-rank randomness elsewhere (augmentation, dropout) is intended and never seen.
+starts from, the draws from Python's and NumPy's global generators made while the program sets
+up: ``_rngdraws.py``); per-rank randomness elsewhere (augmentation, dropout) is intended and never
+seen.
 """
 
 from __future__ import annotations
