@@ -2,9 +2,9 @@
 
 Two kinds of records, both off the training path:
 
-* ``seed`` (``gen`` ``python`` / ``numpy`` / ``numpy_rng``): every ``random.seed``,
-  ``numpy.random.seed`` and ``numpy.random.default_rng`` call, with its value, like
-  ``torch.manual_seed``'s.
+* ``seed`` (``gen`` ``python`` / ``numpy`` / ``numpy_rng``): every ``random.seed`` and
+  ``numpy.random.seed`` call, with its value, like ``torch.manual_seed``'s, and the
+  ``numpy.random.default_rng(seed)`` calls of the set-up window.
 * ``rng``: the draws from the global generators made while the program sets up (``op`` ``draw``:
   a digest of the input and of the result, so that ranks shuffling the same list differently show
   up), and the end of that set-up window (``op`` ``end``). The window closes at the first module
@@ -152,7 +152,10 @@ def _wrap_attr(owner, name: str, make) -> None:
 def _seed_wrapper(gen: str, orig):
     def seed(*args, **kwargs):
         result = orig(*args, **kwargs)
-        _emit_seed(gen, args[0] if args else kwargs.get("a", kwargs.get("seed")))
+        value = args[0] if args else kwargs.get("a", kwargs.get("seed"))
+        # default_rng(): a fresh generator, no seed to compare; after the window: not recorded
+        if gen != "numpy_rng" or (value is not None and _state["open"]):
+            _emit_seed(gen, value)
         return result
 
     return functools.wraps(orig)(seed)
@@ -165,7 +168,8 @@ def patch() -> None:
         if _state["open"] or _state["wrapped"]:
             return
         _state["open"] = True
-    # seeds stay wrapped: a rank-dependent seed after set-up is reported as info
+    # random.seed / np.random.seed stay wrapped (a rank-dependent seed is reported as info);
+    # default_rng, which libraries may call per step, only while the window is open
     _wrap_attr(random, "seed", lambda o: _seed_wrapper("python", o))
     for fn in _PY_DRAWS:
         _wrap_attr(random, fn, lambda o, fn=fn: _draw_wrapper("python", fn, o))
@@ -243,7 +247,7 @@ def close(why: str) -> None:
             pass
     keep = []
     for owner, name, orig, new in wrapped:
-        if name in ("seed", "default_rng"):
+        if name == "seed":
             keep.append((owner, name, orig, new))
         elif getattr(owner, name, None) is new:
             setattr(owner, name, orig)  # names bound earlier keep the wrapper: it calls through
