@@ -37,6 +37,9 @@ def test_python_and_numpy_draws_seeded_by_rank_are_found_at_their_lines(tmp_path
         assert f["severity"] == "error" and f["data"]["seeded"] == "rank"
         lines = {loc["role"]: loc["line"] for loc in f["locations"]}
         assert lines == {"draw": _line(prog, marker), "seed": _line(prog, seeder)}
+    # the sampler over the permuted Subset differs too, and names the permutation as the likely cause
+    samp = [f for f in found if f["id"] == "DD004" and f["data"].get("what") == "sampler"]
+    assert samp and f"np.random.permutation at pyrng_setup.py:{_line(prog, 'np.random.permutation(40)')}" in samp[0]["message"]
     # the augmentation in the training loop is never recorded (the window closed at the DataLoader)
     for rank in (0, 1):
         rng = [r for r in read_records(out, rank) if r["t"] == "rng"]

@@ -138,3 +138,16 @@ def test_values_a_library_draws_for_itself_are_silent_but_its_selections_are_not
         for r in (0, 1):
             write_rank(folder, r, 2, recs(r, fn))
         assert [f.data.get("what") for f in run_check(Check, folder)] == want
+
+
+def test_a_sampler_over_differing_subsets_names_the_setup_permutation(tmp_path):
+    sampler = {"t": "sampler", "id": 1, "epoch": 0, "seed": 0, "shuffle": False, "n": 32, "num_samples": 16,
+               "total": 32, "replicas": 2, "drop_last": False, "fp": "f", "created": ("train.py", 20),
+               "site": ("train.py", 22)}
+    ranks = {r: [seed(r, gen="numpy"), draw(f"o{r}", fn="permutation", gen="numpy", line=12),
+                 dict(sampler, srank=r, data_fp=f"d{r}"), end()] for r in (0, 1)}
+    found = check(tmp_path, ranks)
+    samp = [f for f in found if f.data.get("what") == "sampler"]
+    assert samp and "np.random.permutation at train.py:12" in samp[0].message
+    assert ("draw", 12) in {(loc.role, loc.line) for loc in samp[0].locations}
+    assert kinds(found) == [("draw", "permutation", "error"), ("sampler", None, "error")]

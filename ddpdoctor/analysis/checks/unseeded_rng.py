@@ -14,7 +14,7 @@ from collections import defaultdict
 
 from ..findings import Location
 from ._records import aligned, by_value, describe, minority, site_key
-from ._rngdraws import draw_findings
+from ._rngdraws import ORDERINGS, draw_findings
 from .base import Check, Context, Kind, fmt
 
 
@@ -64,7 +64,9 @@ class UnseededRng(Check):
         findings += self._samplers(ctx, split_fps)
         findings += self._optimizers(ctx, seeds, cited)
         ended = all((rt.exit_record() or {}).get("how") == "normal" for rt in ctx.run.ranks.values())
-        findings += draw_findings(self, ctx, cited, clean=not findings and ended)  # Python / NumPy set-up draws
+        draws = draw_findings(self, ctx, cited, clean=not findings and ended)  # Python / NumPy set-up draws
+        _name_draws_as_cause(findings, draws)
+        findings += draws
         findings += self._seeds(ctx, cited, clean=not findings)
         return findings
 
@@ -184,7 +186,9 @@ class UnseededRng(Check):
                + "; ".join(problems) + ".")
         locs: list[Location] = [ctx.loc(r0, s0.get("created") if s0.get("created") is not None
                                         else s0.get("site"), "sampler")]
-        return self.finding(msg, sorted(blame), locs, evidence=evidence, kind="sampler", data={"what": "sampler", "site": list(key[:2])})
+        return self.finding(msg, sorted(blame), locs, evidence=evidence, kind="sampler",
+                            data={"what": "sampler", "site": list(key[:2]),
+                                  "subset": any(p.startswith("Subset indices") for p in problems)})
 
     # -- optimizers (model initialisation) --------------------------------------------------------
     def _optimizers(self, ctx: Context, seeds: dict, cited: set) -> list:
@@ -272,6 +276,23 @@ class UnseededRng(Check):
             out.append(self.finding(msg, sorted(per_rank), [ctx.loc(r0, s0.get("site"), "seed")],
                                     kind="seed", data={"what": "seed", "site": list(key[:2])}))
         return out
+
+
+def _name_draws_as_cause(findings: list, draws: list) -> None:
+    """A sampler over Subsets that differ across ranks, in a run where set-up shuffles or
+    permutations from Python/NumPy differed too: one of those draws probably built the indices."""
+    orderings = [d for d in draws if d.data.get("fn") in ORDERINGS and d.data.get("what") == "draw"][:3]
+    if not orderings:
+        return
+    named = ", ".join(f"{'np.random.' if d.data.get('gen') == 'numpy' else 'random.'}{d.data.get('fn')} at "
+                      f"{os.path.basename(d.locations[0].file)}:{d.locations[0].line}" for d in orderings)
+    for f in findings:
+        if f.data.get("what") == "sampler" and f.data.get("subset"):
+            f.message += (f" Python/NumPy randomness drawn while setting up differs across ranks too ({named}, "
+                          f"reported separately): if it built these indices, it is the cause.")
+            for d in orderings:
+                loc = d.locations[0]
+                f.locations.append(Location(loc.rank, loc.file, loc.line, loc.function, loc.source, "draw"))
 
 
 #: seed record ``gen`` -> (the call, the generator it seeds), for messages.
