@@ -115,3 +115,20 @@ def test_architecture_chosen_per_rank_is_the_root_cause_of_the_ddp_failure(tmp_p
     assert [(f["data"]["fn"], f["severity"]) for f in draws] == [("choice", "error")], [f["message"] for f in found]
     lines = {loc["role"]: loc["line"] for loc in draws[0]["locations"]}
     assert lines == {"draw": _line(prog, "random.choice("), "seed": _line(prog, "random.seed(rank)")}
+
+
+def test_window_closes_after_a_loop_of_draws():
+    prog = textwrap.dedent("""
+        import random
+        import torch  # noqa: F401
+        from ddpdoctor.rank.patches import pyrng
+        orig = random.random
+        pyrng.patch()
+        assert random.random is not orig
+        for _ in range(pyrng.CALLS + 1):
+            random.random()
+        assert random.random is orig and not pyrng._state["open"]
+        print("ok")
+    """)
+    res = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]

@@ -32,9 +32,11 @@ _NP_DRAWS = ("shuffle", "permutation", "choice", "rand", "randn", "randint", "ra
 #: At most this many draws recorded per call site, and in all, in one window.
 PER_SITE = 16
 TOTAL = 2000
+#: Draw calls after which the window closes (a loop, not a set-up).
+CALLS = 20000
 _ELEMS = 4096
 
-_state: dict = {"open": False, "wrapped": [], "handles": [], "count": 0, "per_site": {}}
+_state: dict = {"open": False, "wrapped": [], "handles": [], "count": 0, "calls": 0, "per_site": {}}
 _lock = threading.Lock()
 
 
@@ -104,29 +106,49 @@ def _draw_wrapper(gen: str, fn: str, orig):
     def draw(*args, **kwargs):
         if not _state["open"]:
             return orig(*args, **kwargs)
+        site = _draw_site()
+        if site is None:
+            return orig(*args, **kwargs)
         try:  # before the call: shuffle works in place
             inp = digest(args[0] if fn in SELECTIONS and args else args + tuple(sorted(kwargs.items())))
         except Exception:
             inp = "?"
         result = orig(*args, **kwargs)
         ty = type(args[0]).__name__ if fn in SELECTIONS and args else None
-        _emit_draw(gen, fn, inp, ty, args[0] if fn == "shuffle" and args else result)
+        _emit_draw(gen, fn, inp, ty, args[0] if fn == "shuffle" and args else result, site)
         return result
 
     return functools.wraps(orig)(draw)
 
 
-def _emit_draw(gen: str, fn: str, inp: str, ty: str | None, result) -> None:
+def _draw_site():
+    """The call site of a draw to record, or None (not a rank, or over the caps). Checked before
+    any digest is computed; a loop drawing CALLS times is not a set-up: the window closes."""
+    _state["calls"] += 1
+    if _state["calls"] > CALLS:
+        close("draws")
+        return None
     rec = _rec()
     if rec is None or _state["count"] >= TOTAL:
-        return
+        return None
     try:
         site = rec.sites.current(3)
         n = _state["per_site"].get(site, 0)
         if n >= PER_SITE:
-            return
+            return None
         _state["per_site"][site] = n + 1
         _state["count"] += 1
+        return site
+    except Exception as exc:
+        rec.internal_error(exc)
+        return None
+
+
+def _emit_draw(gen: str, fn: str, inp: str, ty: str | None, result, site: int) -> None:
+    rec = _rec()
+    if rec is None:
+        return
+    try:
         out = {"t": "rng", "op": "draw", "gen": gen, "fn": fn, "in": inp, "out": digest(result),
                "ts": rec.now_us(), "site": site}
         if ty is not None:
