@@ -38,6 +38,7 @@ TAIL = 20
 ASYMMETRIC_OPS = ops.ASYMMETRIC_OPS
 _SIG_KEYS = ("x", "rop", "root", "groot", "nobj")
 _RARE = frozenset({"pg", "init", "file", "file_cap", "seed", "split", "sampler", "set_epoch", "optim",
+                   "rng",  # Python/NumPy draws while setting up (rank/patches/pyrng.py)
                    "ddp", "exit", "hang", "pending", "w",
                    # replica digests and what wrote a replica (rank/patches/replicas.py), BatchNorm layers
                    "replica", "replica_w", "bn",

@@ -70,6 +70,9 @@ def on_torch_imported() -> None:
         from .patches import coverage as patch_coverage
 
         patch_coverage.patch()
+        from .patches import pyrng as patch_pyrng  # Python / NumPy seeds and set-up draws
+
+        patch_pyrng.patch()
         exithooks.wrap_spawn_worker()
         os.register_at_fork(after_in_child=_after_fork_in_child)
         del rec

@@ -4,13 +4,16 @@ probably assumes they are global.
 From the ``bn`` records (rank/patches/batchnorm.py) and the replica digests (``replica``):
 ``convert_sync_batchnorm`` called after the module was wrapped in DDP (error), plain BatchNorm
 normalising over a small per-rank batch (info, with each rank's batch size), and a checkpoint
-saved from one rank while the ranks' BatchNorm running statistics differ (info).
+saved from one rank while the ranks' BatchNorm running statistics differ (info), and BatchNorm
+layers in train mode on some ranks and eval mode on others at the same training step (error,
+``_bnmode.py``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+from ._bnmode import mode_finding
 from .base import Check, Context, Kind, fmt
 from .replica_drift import replicas
 
@@ -33,6 +36,11 @@ class BatchnormSync(Check):
             fix=("If the per-rank batch is too small for stable statistics, convert the model with "
                  "nn.SyncBatchNorm.convert_sync_batchnorm(model) before wrapping it in DDP (statistics "
                  "over the global batch; on GPUs), or use GroupNorm/LayerNorm.")),
+        "mode": Kind(
+            title="BatchNorm layers in train mode on some ranks and eval mode on others at the same step",
+            fix=("Switch modes on every rank together: call model.train() on all ranks before the next "
+                 "training step (after an evaluation that one rank ran alone, too), and model.eval() on all "
+                 "ranks, or evaluate a copy (model.module) without changing the training model's mode.")),
         "checkpoint-stats": Kind(
             severity="info", title="Checkpoint saved from one rank while BatchNorm statistics differ across ranks",
             fix=("Expected with plain BatchNorm under DDP (each rank's last batch updates its own running "
@@ -60,6 +68,9 @@ class BatchnormSync(Check):
                     data={"module": idx, "op": "convert"}))
                 continue
             layers = {r: d["layers"] for r, d in ranks.items() if "layers" in d}
+            mode = mode_finding(self, ctx, idx, any(int(x.get("sbn", 0) or 0) for x in layers.values()))
+            if mode is not None:
+                out.append(mode)
             if not layers or any(int(x.get("sbn", 0) or 0) for x in layers.values()):
                 continue
             if not all(int(x.get("bn", 0) or 0) for x in layers.values()):

@@ -2,7 +2,9 @@
 
 Only the recorded points where ranks must agree are compared (``random_split`` results, a
 ``DistributedSampler``'s seed / dataset length / Subset indices, the parameters an optimizer
-starts from); per-rank randomness elsewhere (augmentation, dropout) is intended and never seen.
+starts from, the draws from Python's and NumPy's global generators made while the program sets
+up: ``_rngdraws.py``); per-rank randomness elsewhere (augmentation, dropout) is intended and never
+seen.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections import defaultdict
 
 from ..findings import Location
 from ._records import aligned, by_value, describe, minority, site_key
+from ._rngdraws import ORDERINGS, draw_findings
 from .base import Check, Context, Kind, fmt
 
 
@@ -38,18 +41,32 @@ class UnseededRng(Check):
         "model-init": Kind(fix=("Seed identically on every rank before building the model, or wrap it "
                                 "in DistributedDataParallel (or broadcast the parameters from rank 0 "
                                 "once) before training.")),
+        "draw": Kind(title="Python/NumPy randomness decides the set-up differently on each rank",
+                     fix=("Seed random / np.random identically on every rank before the set-up (random.seed(42), "
+                          "np.random.seed(42)) or draw from a generator of its own with a shared seed "
+                          "(random.Random(42).shuffle(files), np.random.default_rng(42).permutation(n)); "
+                          "seed per rank (seed + rank) only after the set-up, for augmentation.")),
+        "draw-value": Kind(severity="warning",
+                           title="Python/NumPy values drawn while setting up differ across ranks",
+                           fix=("If the value decides the model or the data (a size, a split point), draw it "
+                                "from a generator seeded identically on every rank, or broadcast it from rank 0.")),
         "seed": Kind(severity="info", title="Rank-dependent random seed",
                      fix="Nothing to fix if per-rank randomness is intended."),
     }
 
     def run(self, ctx: Context):
-        seeds = {r: rt.records("seed") for r, rt in ctx.run.ranks.items()}
+        seeds = {r: [s for s in rt.records("seed") if s.get("gen", "torch") == "torch"]
+                 for r, rt in ctx.run.ranks.items()}
         cited: set = set()  # seed sites already named as a cause
         findings = []
         split_fps: dict[int, set] = defaultdict(set)  # rank -> digests of split parts that differ
         findings += self._splits(ctx, seeds, cited, split_fps)
         findings += self._samplers(ctx, split_fps)
         findings += self._optimizers(ctx, seeds, cited)
+        ended = all((rt.exit_record() or {}).get("how") == "normal" for rt in ctx.run.ranks.values())
+        draws = draw_findings(self, ctx, cited, clean=not findings and ended)  # Python / NumPy set-up draws
+        _name_draws_as_cause(findings, draws)
+        findings += draws
         findings += self._seeds(ctx, cited, clean=not findings)
         return findings
 
@@ -169,7 +186,9 @@ class UnseededRng(Check):
                + "; ".join(problems) + ".")
         locs: list[Location] = [ctx.loc(r0, s0.get("created") if s0.get("created") is not None
                                         else s0.get("site"), "sampler")]
-        return self.finding(msg, sorted(blame), locs, evidence=evidence, kind="sampler", data={"what": "sampler", "site": list(key[:2])})
+        return self.finding(msg, sorted(blame), locs, evidence=evidence, kind="sampler",
+                            data={"what": "sampler", "site": list(key[:2]),
+                                  "subset": any(p.startswith("Subset indices") for p in problems)})
 
     # -- optimizers (model initialisation) --------------------------------------------------------
     def _optimizers(self, ctx: Context, seeds: dict, cited: set) -> list:
@@ -241,21 +260,51 @@ class UnseededRng(Check):
         for key, per_rank in aligned(ctx, "seed").items():
             if len(per_rank) < 2 or key[:2] in cited or key[:2] in per_item:
                 continue
-            groups = by_value({r: s.get("value") for r, s in per_rank.items()})
+            groups = by_value({r: _hashable(s.get("value")) for r, s in per_rank.items()})
             if len(groups) < 2:
                 continue
             r0 = min(per_rank)
             s0 = per_rank[r0]
-            msg = (f"torch.manual_seed at {ctx.where(r0, s0.get('site'))} seeds the default generator with "
+            seeder, gen = _SEEDERS.get(str(s0.get("gen", "torch")), _SEEDERS["torch"])
+            msg = (f"{seeder} at {ctx.where(r0, s0.get('site'))} seeds {gen} with "
                    f"a different value on each rank ({describe(groups)}). That is right for augmentation "
                    f"and dropout, wrong for anything that must agree across ranks (model initialisation, "
                    f"data splits, shuffled index lists).")
             if clean:
                 msg += (" Nothing recorded that must agree (splits, samplers, the parameters optimizers "
-                        "start from) came out different.")
+                        "start from, Python/NumPy draws while setting up) came out different.")
             out.append(self.finding(msg, sorted(per_rank), [ctx.loc(r0, s0.get("site"), "seed")],
                                     kind="seed", data={"what": "seed", "site": list(key[:2])}))
         return out
+
+
+def _name_draws_as_cause(findings: list, draws: list) -> None:
+    """A sampler over Subsets that differ across ranks, in a run where set-up shuffles or
+    permutations from Python/NumPy differed too: one of those draws probably built the indices."""
+    orderings = [d for d in draws if d.data.get("fn") in ORDERINGS and d.data.get("what") == "draw"][:3]
+    if not orderings:
+        return
+    named = ", ".join(f"{'np.random.' if d.data.get('gen') == 'numpy' else 'random.'}{d.data.get('fn')} at "
+                      f"{os.path.basename(d.locations[0].file)}:{d.locations[0].line}" for d in orderings)
+    for f in findings:
+        if f.data.get("what") == "sampler" and f.data.get("subset"):
+            f.message += (f" Python/NumPy randomness drawn while setting up differs across ranks too ({named}, "
+                          f"reported separately): if it built these indices, it is the cause.")
+            for d in orderings:
+                loc = d.locations[0]
+                f.locations.append(Location(loc.rank, loc.file, loc.line, loc.function, loc.source, "draw"))
+
+
+#: seed record ``gen`` -> (the call, the generator it seeds), for messages.
+_SEEDERS = {"torch": ("torch.manual_seed", "the default generator"),
+            "python": ("random.seed", "Python's global generator"),
+            "numpy": ("np.random.seed", "NumPy's global generator"),
+            "numpy_rng": ("np.random.default_rng", "a NumPy Generator")}
+
+
+def _hashable(v) -> object:
+    """A seed value as a dict key (a damaged trace may hold a list)."""
+    return v if v is None or isinstance(v, (int, float, str)) else repr(v)
 
 
 def _wrapped_after(ctx: Context, per_rank: dict) -> bool:

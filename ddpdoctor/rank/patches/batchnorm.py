@@ -33,6 +33,10 @@ def on_ddp_init(rec, ddp, idx: int) -> None:
         dev = tensor.device.type if tensor is not None else "cpu"
         rec.emit({"t": "bn", "op": "layers", "id": idx, "bn": len(plain), "sbn": sync, "dev": dev,
                   "ts": rec.now_us(), "site": rec.sites.current(3)})
+        from . import bnmode  # train/eval mode of these layers, read when Module.train runs
+
+        bnmode.on_ddp_init(rec, ddp, idx, [m for m in ddp.module.modules()
+                                           if isinstance(m, nn.modules.batchnorm._BatchNorm)])
         if plain:
             holder: dict = {}
 
