@@ -26,6 +26,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "DD013": ("replica-drift", "DDP replicas differ across ranks: the ranks train different models"),
     "DD014": ("batchnorm-sync", "convert_sync_batchnorm applied after DDP wrapping"),
     "DD015": ("nonfinite-gradients", "Non-finite gradients of some ranks were averaged into every DDP replica and applied"),
+    "DD016": ("divergent-parameter-use", "DDP ranks gave gradients to different parameters: DDP averaged zeros from the others"),
 }
 
 #: Ids whose static title differs on purpose from the trace check's: the source shows what the
