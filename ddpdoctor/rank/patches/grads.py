@@ -28,6 +28,11 @@ import weakref
 ENABLED = os.environ.get("DDPDOCTOR_GRADS", "1") != "0"
 #: Records of one kind per DDP module before only counting.
 CAP = 5
+#: Backward passes between two checks after the first ones (``DDPDOCTOR_GRADS_EVERY``; default
+#: 1: every backward, so that the first non-finite one and its ranks are exact).
+EVERY = max(1, int(os.environ.get("DDPDOCTOR_GRADS_EVERY", "1") or 1))
+FIRST = 3
+_isfinite = math.isfinite
 
 _state: dict = {"mods": [], "opt": weakref.WeakKeyDictionary(), "installed": False}
 
@@ -44,28 +49,42 @@ class _Grads:
         self.pending_site = None
         self.device: list = []  # (step, site, host scalar, event) of accelerator checks in flight
         self.counts: dict[str, int] = {}
-        self.last_step = 0
         self.paramuse = None  # paramuse.Used for find_unused_parameters models
+        self.fast = None  # the dtype of a CPU float32/float64 output gradient seen before
 
     def __call__(self, grad, step: int, site) -> None:
         """DDP's backward reached the model's output (``grad``: the gradient there, local)."""
-        try:
-            self.last_step = step
-            if self.pending_step:
-                self._settle("none")
-            if self.device:
-                self._poll(False)
-            if grad is not None and grad.is_floating_point() and not grad.is_sparse:
-                s = grad.sum(dtype=_f32()) if grad.element_size() < 4 else grad.sum()
-                if s.device.type == "cpu":
-                    if not math.isfinite(s.item()):
-                        self._local(step, site, "nan" if bool(_torch().isnan(grad).any()) else "inf")
-                else:
-                    self._defer(step, site, s)
+        if EVERY > 1 and step > FIRST and step % EVERY:
             if self.paramuse is not None:
                 self.paramuse.on_backward(step, site)
+            return
+        try:
+            if self.fast is not None and not (self.pending_step or self.device) and self.paramuse is None \
+                    and grad.dtype is self.fast and grad.is_cpu:
+                # the common case, kept short: one reduction, one read
+                if not _isfinite(grad.sum().item()):
+                    self._local(step, site, "nan" if bool(_torch().isnan(grad).any()) else "inf")
+                return
+            self._check(grad, step, site)
         except Exception as exc:
             self.rec.internal_error(exc)
+
+    def _check(self, grad, step: int, site) -> None:
+        if self.pending_step:
+            self._settle("none")
+        if self.device:
+            self._poll(False)
+        if grad is not None and grad.is_floating_point() and not grad.is_sparse:
+            s = grad.sum(dtype=_f32()) if grad.element_size() < 4 else grad.sum()
+            if s.device.type == "cpu":
+                if grad.element_size() >= 4:
+                    self.fast = grad.dtype
+                if not _isfinite(s.item()):
+                    self._local(step, site, "nan" if bool(_torch().isnan(grad).any()) else "inf")
+            else:
+                self._defer(step, site, s)
+        if self.paramuse is not None:
+            self.paramuse.on_backward(step, site)
 
     def _count(self, kind: str) -> bool:
         n = self.counts[kind] = self.counts.get(kind, 0) + 1
@@ -78,14 +97,15 @@ class _Grads:
         rec.emit(dict({"t": "grad_nf", "id": self.idx, "at": at, "step": step, "ts": rec.now_us(),
                        "site": site}, **fields))
 
-    def _local(self, step: int, site, kind: str) -> None:
+    def _local(self, step: int, site, kind: str, late: bool = False) -> None:
         """This rank's gradient at the output was non-finite at backward ``step`` (rare path)."""
-        self.pending_step, self.pending_site = step, site
+        if not late:
+            self.pending_step, self.pending_site = step, site
         if not self._count("local"):
             return
         ddp = self.ref()
         pnf = ddp is not None and _nonfinite(list(ddp.module.parameters())) > 0
-        self._emit("local", step, site, kind=kind, pnf=int(pnf))
+        self._emit("local", step, site, kind=kind, pnf=int(pnf), **({"late": 1} if late else {}))
 
     def _defer(self, step: int, site, s) -> None:
         import torch
@@ -109,8 +129,10 @@ class _Grads:
             elif not event.query():
                 keep.append((step, site, host, event))
                 continue
-            if not math.isfinite(host.item()) and not self.pending_step:
-                self._local(step, site, "nonfinite")
+            if not math.isfinite(host.item()):
+                # known only now, maybe after an optimizer step went by: no apply/skip of its own
+                # (a later non-finite parameter check tells whether it was applied)
+                self._local(step, site, "nonfinite", late=True)
         self.device = keep
 
     def _settle(self, how: str, n: int = 0, names=(), site=None) -> None:
@@ -127,14 +149,14 @@ class _Grads:
         if self.paramuse is not None:
             self.paramuse.at_exit()
         if self.device:
-            self._poll(True)
+            self._poll(False)  # never wait for a device at exit: it may be stuck in a collective
         if self.pending_step:
             self._settle("none")
         over = {k: n for k, n in self.counts.items() if n > CAP}
         if over:
             self._emit("count", 0, -1, counts=over)
         ddp = self.ref()
-        if ddp is not None and _nonfinite([_sample(p) for p in ddp.module.parameters()]):
+        if ddp is not None and _nonfinite([_sample(p) for p in ddp.module.parameters() if p.is_cpu]):
             self._emit("exit", 0, -1, pnf=1)  # a step that applied them after the last backward
 
 

@@ -81,14 +81,16 @@ class Used:
         self.partial = 0
         self.steps = 0
         self.where_done = False
+        self.on_cpu: bool | None = None
 
     def on_backward(self, step: int, site) -> None:
         ddp = self.ref()
         if ddp is None:
             return
         self.steps += 1
-        if ddp.reducer._get_local_used_map().device.type != "cpu" and not (
-                step <= FIRST or step % EVERY == 0):
+        if self.on_cpu is None:
+            self.on_cpu = ddp.reducer._get_local_used_map().device.type == "cpu"
+        if not self.on_cpu and not (step <= FIRST or step % EVERY == 0):
             return
         self.cur = (step, site)
         self.engine.queue_callback(self._before_reduction)
