@@ -120,3 +120,12 @@ def test_a_random_draw_about_another_module_does_not_decide(tmp_path):
         0: [used(1, ["experts.0.weight"], [1], mine=[1], fwd=[["", str(src), 5, "experts"]])],
         1: [used(1, ["experts.0.weight"], [1], mine=[0])]}))
     assert [(f.severity, f.data["users"]) for f in found] == [("info", {"experts.0": [0]})]
+
+
+def test_malformed_records_give_no_traceback(tmp_path):
+    junk = [{"t": "grad_used", "id": 0, "step": "?", "names": ["a.w", 3], "cnt": ["x"], "mine": "no",
+             "fwd": [["", "/nonexistent.py", "x", 5], "bad"], "site": SITE},
+            {"t": "grad_used", "id": 0, "at": "exit", "steps": "x", "of": None, "site": -1},
+            {"t": "grad_used", "names": "notalist"}]
+    found = run_check(DivergentParameterUse, write_traces(tmp_path, {0: junk, 1: []}))
+    assert [f.id for f in found] == ["DD016"]

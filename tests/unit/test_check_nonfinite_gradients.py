@@ -47,3 +47,11 @@ def test_nonfinite_parameters_without_a_local_origin_are_an_error(tmp_path):
 
 def test_finite_runs_are_silent(tmp_path):
     assert run_check(NonfiniteGradients, write_traces(tmp_path, {0: [], 1: []})) == []
+
+
+def test_malformed_records_give_no_traceback(tmp_path):
+    junk = [{"t": "grad_nf", "id": "x", "at": "local", "step": "?", "site": SITE},
+            {"t": "grad_nf", "at": "apply", "step": None, "n": "many"},
+            {"t": "grad_nf", "id": 0, "at": "exit", "pnf": "yes", "site": SITE}]
+    found = run_check(NonfiniteGradients, write_traces(tmp_path, {0: junk, 1: [nf("skip", 0, how=3)]}))
+    assert all(f.id == "DD015" for f in found)

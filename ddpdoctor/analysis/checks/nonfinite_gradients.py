@@ -23,15 +23,19 @@ def _by_module(ctx: Context) -> dict[int, dict[int, list[dict]]]:
     out: dict[int, dict[int, list[dict]]] = defaultdict(dict)
     for rank, rt in ctx.run.ranks.items():
         for r in rt.records("grad_nf"):
-            out[int(r.get("id", 0) or 0)].setdefault(rank, []).append(r)
+            out[_int(r.get("id"))].setdefault(rank, []).append(r)
     return out
 
 
-def _step(r: dict) -> int:
+def _int(v) -> int:
     try:
-        return int(r.get("step", 0) or 0)
+        return int(v or 0)
     except (TypeError, ValueError):
         return 0
+
+
+def _step(r: dict) -> int:
+    return _int(r.get("step"))
 
 
 class NonfiniteGradients(Check):
