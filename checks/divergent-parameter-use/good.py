@@ -5,6 +5,7 @@ Run: ddpdoctor trace -- torchrun --nproc_per_node=2 checks/divergent-parameter-u
 
 import datetime
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -46,5 +47,40 @@ def main() -> None:
     dist.destroy_process_group()
 
 
+class Sharded(nn.Module):
+    """The same bug under FSDP2 (``good.py fsdp``): a ``fully_shard`` module run on some ranks only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, 16)
+        self.extra = nn.Linear(16, 32)
+        self.head = nn.Linear(16, 1)
+        self.use_extra = True
+
+    def forward(self, x):
+        h = torch.relu(self.stem(x))
+        if self.use_extra:  # the same on every rank
+            h = h + self.extra(h)[:, :16]
+        return self.head(h)
+
+
+def main_fsdp() -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    timeout = datetime.timedelta(seconds=float(os.environ.get("EXAMPLE_PG_TIMEOUT", "20")))
+    dist.init_process_group("gloo", timeout=timeout)
+    torch.manual_seed(0)
+    model = Sharded()
+    for sub in (model.stem, model.extra, model.head):
+        fully_shard(sub)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    main()
+    main_fsdp() if "fsdp" in sys.argv[1:] else main()

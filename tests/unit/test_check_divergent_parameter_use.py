@@ -129,3 +129,37 @@ def test_malformed_records_give_no_traceback(tmp_path):
             {"t": "grad_used", "names": "notalist"}]
     found = run_check(DivergentParameterUse, write_traces(tmp_path, {0: junk, 1: []}))
     assert [f.id for f in found] == ["DD016"]
+
+
+def _fsdp_site(sid: int, file: str, line: int, src: str, conds: list) -> dict:
+    return {"t": "site", "id": sid, "file": file, "line": line, "func": "forward", "src": src,
+            "stack": [[file, line, "forward", src]], "via": "torch wrapper (_fsdp_common.py:30)",
+            "lib": [["/venv/site-packages/torch/distributed/fsdp/_fully_shard/_fsdp_state.py", 314, "_pre_forward"]],
+            "conds": conds}
+
+
+def test_fsdp_module_run_on_one_rank_is_named_with_its_condition(tmp_path):
+    src = model_file(tmp_path, "dist.get_rank() == 0")  # line 8: the condition, line 9: self.extra(h)
+    cond = [[src, 8, "if dist.get_rank() == 0:", "if"]]
+
+    def ag(s: int, n: int) -> dict:
+        return {"t": "c", "op": "all_gather_into_tensor", "g": "0", "s": s, "d": 1, "site": 1 if s == 1 else 2,
+                "x": [f"float32[{n}]"], "n": n}
+
+    r0 = [_fsdp_site(1, src, 7, "h = self.stem(x)", []), _fsdp_site(2, src, 9, "h = self.extra(h)", cond),
+          ag(1, 8), ag(2, 32)]
+    r1 = [_fsdp_site(1, src, 7, "h = self.stem(x)", []), _fsdp_site(2, src, 10, "return self.head(h)", []),
+          ag(1, 8), ag(2, 4)]
+    found = run_check(DivergentParameterUse, write_traces(tmp_path / "t", {0: r0, 1: r1}))
+    assert [(f.severity, f.data["seq"], f.ranks) for f in found] == [("error", 2, [0])]
+    f = found[0]
+    assert f.data["calls"] == {"0": ["self.extra"], "1": ["self.head"]}
+    assert "`self.extra` ran on rank 0 only" in f.message
+    assert (f.locations[0].line, f.locations[0].role) == (8, "condition")
+
+
+def test_module_calls_in_evaluation_order_without_library_calls():
+    from ddpdoctor.analysis.checks._fsdp_parted import module_calls
+
+    assert module_calls("h = h + s.back(torch.relu(s.extra(h)))") == ["s.extra", "s.back"]
+    assert module_calls("if (") == []

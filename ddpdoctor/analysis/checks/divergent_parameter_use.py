@@ -19,7 +19,8 @@ from collections import defaultdict
 from ...trace.sourceinfo import source_lines
 from ...verdict import rankdep
 from ..findings import Location
-from .base import Check, Context, Kind, fmt
+from . import _fsdp_parted
+from .base import Check, Context, Divergence, Kind, fmt
 
 #: Call or attribute names that draw random numbers (spelling only: a random source in a condition).
 _RANDOM = frozenset({"rand", "random", "randn", "randint", "rand_like", "randn_like", "bernoulli",
@@ -126,7 +127,17 @@ class DivergentParameterUse(Check):
         title="DDP ranks gave gradients to different parameters (data-dependent use)",
         fix=("Nothing to change if the routing depends on each rank's data (mixture of experts, "
              "per-task heads): DDP averages zeros for the ranks that did not use a parameter, which "
-             "scales its update by the fraction of ranks that did."))}
+             "scales its update by the fraction of ranks that did.")),
+        "fsdp": Kind(
+            title="An FSDP module ran its forward (or backward) on some ranks only",
+            fix=("Run every `fully_shard` module on every rank in the same order: make the condition "
+                 "around it the same on every rank (or run the module and discard its output); FSDP "
+                 "all-gathers its parameters in each call, so a module skipped on one rank pairs "
+                 "different modules' collectives across ranks."))}
+
+    def explains(self, ctx: Context, divergence: Divergence) -> bool:
+        return any(p.group == divergence.group and p.seq <= divergence.point.seq
+                   for p in ctx.shared("fsdp_partings", _fsdp_parted.partings))
 
     def run(self, ctx: Context):
         per_module: dict[int, dict[int, list[dict]]] = defaultdict(dict)
@@ -138,7 +149,36 @@ class DivergentParameterUse(Check):
             f = self._module(ctx, idx, per_rank)
             if f is not None:
                 out.append(f)
+        for part in ctx.shared("fsdp_partings", _fsdp_parted.partings):
+            out.append(self._fsdp(ctx, part))
         return out
+
+    def _fsdp(self, ctx: Context, part: _fsdp_parted.Parting):
+        phase = "backward (gradient reduce-scatter)" if part.backward else "forward (parameter all-gather)"
+        per = []
+        for r, sid in sorted(part.sites.items()):
+            calls = ", ".join(f"`{c}(...)`" for c in part.calls.get(r, [])[:3]) or "a module"
+            per.append(f"rank {r} for {calls} at {ctx.where(r, sid)}")
+        under = {r: locs for r, locs in part.conditions.items() if locs}
+        msg = (f"{part.op} #{part.seq} in process group {part.group} is an FSDP {phase} that the ranks "
+               f"issued for different modules: {'; '.join(per)}.")
+        locs = []
+        ranks = sorted(part.sites)
+        if under:
+            r, conds = min(under.items())
+            c = conds[0]
+            how = "rank-dependent" if c.role == "condition" else "taken on some ranks only"
+            first = (part.calls.get(r) or ["the module"])[0]
+            msg += (f" `{first}` ran on {fmt(under)} only, under `{c.source}` at "
+                    f"{c.file.rsplit('/', 1)[-1]}:{c.line} ({how}).")
+            locs.append(c)
+            ranks = sorted(under)
+        msg += (" From there on FSDP pairs different modules' collectives across ranks: they abort on "
+                "different sizes, hang, or silently mix parameters.")
+        locs += [ctx.loc(r, sid, "call") for r, sid in sorted(part.sites.items())][:6]
+        return self.finding(msg, ranks, locs, kind="fsdp",
+                            data={"group": part.group, "seq": part.seq, "op": part.op,
+                                  "calls": {str(r): c for r, c in part.calls.items()}, "ranks": ranks})
 
     def _module(self, ctx: Context, idx: int, per_rank: dict[int, list[dict]]):
         steps: dict[int, dict[int, dict]] = defaultdict(dict)
