@@ -43,7 +43,10 @@ _RARE = frozenset({"pg", "init", "file", "file_cap", "seed", "split", "sampler",
                    # replica digests and what wrote a replica (rank/patches/replicas.py), BatchNorm layers
                    "replica", "replica_w", "bn",
                    # DataLoader passes: the samples each rank drew (rank/patches/coverage.py)
-                   "cov"})
+                   "cov",
+
+                   # non-finite gradients and partial parameter use (rank/patches/grads.py, paramuse.py)
+                   "grad_nf", "grad_used"})
 #: Rare kinds that a long run can write without bound: beyond this many per kind only a count is
 #: kept. How a rank ended (exit, hang, pending, init, pg) is never dropped; async waits ("w") are
 #: always summarised (RankTrace.async_waits), never kept one by one.

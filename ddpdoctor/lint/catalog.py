@@ -25,6 +25,8 @@ CHECKS: dict[str, tuple[str, str]] = {
     "DD012": ("collective-misuse", "Collective used outside the process group's lifetime, or groups created inconsistently"),
     "DD013": ("replica-drift", "DDP replicas differ across ranks: the ranks train different models"),
     "DD014": ("batchnorm-sync", "convert_sync_batchnorm applied after DDP wrapping"),
+    "DD015": ("nonfinite-gradients", "Non-finite gradients of some ranks were averaged into every DDP replica and applied"),
+    "DD016": ("divergent-parameter-use", "DDP ranks gave gradients to different parameters: DDP averaged zeros from the others"),
     "DD017": ("data-coverage", "Ranks' data shards overlap or leave samples out"),
 }
 

@@ -14,7 +14,7 @@ PROGRAMS = ROOT / "tests" / "e2e" / "correct_programs"
 
 
 @pytest.mark.parametrize("program", ["ddp_training.py", "subgroups_p2p.py", "join_uneven.py", "silent_ok.py",
-                                     "uneven_data.py"])
+                                     "uneven_data.py", "grads_ok.py"])
 def test_correct_program_has_no_error(tmp_path, program):
     out = tmp_path / "trace"
     res = trace(torchrun(PROGRAMS / program), out, "--hang-timeout", "20", timeout=120)
@@ -40,3 +40,18 @@ def test_silent_ok_gets_only_the_batchnorm_checkpoint_info(tmp_path):
     for rank in (0, 1):
         bn = [r for r in read_records(out, rank) if r["t"] == "bn" and r["op"] != "mode"]  # modes: test_rng_bn_runs
         assert [(r["op"], r.get("n"), r.get("dev")) for r in bn] == [("layers", None, "cpu"), ("batch", 16, None)]
+
+
+def test_grads_ok_gets_only_the_skip_and_routing_infos(tmp_path):
+    """grads_ok.py: rank 1's corrupt sample is skipped everywhere by GradScaler (DD015 info), the
+    data-dependent expert route is DD016 info; the evaluation-only head and the layer drop seeded
+    alike on every rank are not reported."""
+    out = tmp_path / "trace"
+    res = trace(torchrun(PROGRAMS / "grads_ok.py"), out, "--hang-timeout", "20", timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    found = findings_json(out)["findings"]
+    assert {f["severity"] for f in found} <= {"info"}, [f["message"] for f in found]
+    nf = [f for f in found if f["id"] == "DD015"]
+    assert [(f["data"]["step"], f["data"]["local"]) for f in nf] == [(4, [1])]
+    use = [f for f in found if f["id"] == "DD016"]
+    assert [f["data"]["modules"] for f in use] == [["experts.0", "experts.1"]]

@@ -194,6 +194,9 @@ def patch() -> None:
         from . import replicas  # digests of the replica (replica-drift); off the step path
 
         replicas.on_ddp_init(rec, self)
+        from . import grads  # non-finite and per-rank gradients (DD015, DD016)
+
+        grads.on_ddp_init(rec, self, getattr(self, "_ddpdoctor", {}))
 
     @functools.wraps(orig_forward)
     def forward(self, *inputs, **kwargs):
@@ -296,6 +299,8 @@ class _BackwardHook:
             # before the one DDP queues to wait for its all-reduce; queueing again from inside
             # ours puts the end of the event after DDP's wait.
             engine.queue_callback(lambda: engine.queue_callback(done))
+            if "grads" in self.info:  # DD015/DD016 (grads.py): before DDP queues its end-of-backward callback
+                self.info["grads"](grad, step, self.site)
         except Exception as exc:
             rec.internal_error(exc)
         return None
