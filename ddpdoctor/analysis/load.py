@@ -44,7 +44,6 @@ _RARE = frozenset({"pg", "init", "file", "file_cap", "seed", "split", "sampler",
                    "replica", "replica_w", "bn",
                    # DataLoader passes: the samples each rank drew (rank/patches/coverage.py)
                    "cov",
-
                    # non-finite gradients and partial parameter use (rank/patches/grads.py, paramuse.py)
                    "grad_nf", "grad_used"})
 #: Rare kinds that a long run can write without bound: beyond this many per kind only a count is
