@@ -82,8 +82,9 @@ def _read_all(files: list[str], jobs: int | None, sharing: Sharing) -> list[Rank
     if (jobs or os.cpu_count() or 1) > 1 and len(files) > 1 and (
             len(files) >= PARALLEL_FROM or _total_bytes(files) >= PARALLEL_BYTES):
         with ProcessPoolExecutor(max_workers=jobs or min(os.cpu_count() or 1, 8)) as pool:
-            return [sharing.rank(rt) for rt in pool.map(read_packed, files,
-                                                                  chunksize=max(1, min(8, len(files) // 32)))]
+            # small chunks: a chunk's summaries arrive together, before they are shared
+            chunk = max(1, min(8, len(files) // 32))
+            return [sharing.rank(rt) for rt in pool.map(read_packed, files, chunksize=chunk)]
     return [sharing.rank(read_packed(f)) for f in files]
 
 
