@@ -112,7 +112,10 @@ def pack(rt: RankTrace) -> RankTrace:
         if not isinstance(gs.blocks, Blocks):
             gs.blocks = Blocks(gs.blocks)
     if not isinstance(rt.tail, LineTail):
-        rt.tail = LineTail(rt.tail)
+        try:
+            rt.tail = LineTail(rt.tail)
+        except (ValueError, TypeError, RecursionError):  # absurd nesting in a hostile trace: keep it
+            pass
     return rt
 
 
@@ -169,6 +172,13 @@ class Sharing:
     def rank(self, rt: RankTrace) -> RankTrace:
         """Pack ``rt`` and share its values with the ranks seen before; returns it."""
         pack(rt)
+        try:
+            self._share_values(rt)
+        except RecursionError:  # absurd nesting in a hostile trace: that rank keeps its own values
+            pass
+        return rt
+
+    def _share_values(self, rt: RankTrace) -> None:
         # call sites one by one first: ranks often share most sites but not all
         rt.sites = {k: self.share(_canon(rec)) for k, rec in rt.sites.items()}
         for name in _SHARED_FIELDS:
@@ -188,4 +198,3 @@ class Sharing:
                 gs.blocks = self.share(gs.blocks)
             rt.groups[name] = gs
         rt.groups = self.share(rt.groups)
-        return rt

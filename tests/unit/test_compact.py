@@ -78,3 +78,16 @@ def test_a_rank_that_stops_at_a_block_boundary_is_missing_its_next_call(tmp_path
     write_traces(tmp_path, {0: [coll(s) for s in range(1, 301)], 1: [coll(s) for s in range(1, 257)]})
     p = align.first_divergence(load_run([str(tmp_path)]), "0")
     assert p.seq == 257 and p.events[1] is None and p.events[0]["s"] == 257
+
+
+def test_absurdly_nested_record_is_read_without_a_traceback(tmp_path):
+    """A hostile trace with a deeply nested field: sharing and packing give up on it, never raise."""
+    deep: list = []
+    for _ in range(900):
+        deep = [deep]
+    ranks = {r: [coll(s) for s in range(1, 20)] for r in range(2)}
+    ranks[1].append(coll(20, x=deep))
+    write_traces(tmp_path, ranks)
+    run = load_run([str(tmp_path)])
+    assert run.ranks[0].events == 19 and run.ranks[1].events == 20
+    assert run.ranks[1].tail[-1]["s"] == 20 and isinstance(run_checks(tmp_path), list)
