@@ -43,49 +43,69 @@ def _pending_event(rt: RankTrace, group: str, seq: int) -> dict | None:
     return None
 
 
+def _group_events(path: str, group: str, offset: int):
+    """(byte offset, record) of each sequence event of ``group`` in a file from ``offset``."""
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return
+    with f:
+        f.seek(offset)
+        pos = offset
+        for raw in f:
+            start = pos
+            pos += len(raw)
+            if not raw.endswith(b"\n"):
+                break
+            if b'"c"' not in raw:
+                continue
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("t") == "c" and rec.get("g", "0") == group:
+                yield start, rec
+
+
 class _Block:
     """One rank's events of one group in one block: op and signature of each (interned) and its
     byte offset; an event is decoded again only when asked for (``blk[i]``), so comparing a block
-    across 1,000 ranks holds a few bytes per event instead of every event's dict."""
+    across 1,000 ranks holds a few bytes per event instead of every event's dict.
 
-    __slots__ = ("path", "offsets", "ops", "sigs")
+    ``like``: a block of another rank with the same digests (ops, signatures, length): its ops and
+    signatures are this block's too, so they are not read again, and this rank's events are found
+    in its own file only when asked for. Ranks that issued the same calls then cost nothing each."""
 
-    def __init__(self, path: str, group: str, offset: int, limit: int) -> None:
-        self.path = path
-        self.offsets = array("q")
+    __slots__ = ("path", "group", "offset", "offsets", "ops", "sigs")
+
+    def __init__(self, path: str, group: str, offset: int, limit: int, like: _Block | None = None) -> None:
+        self.path, self.group, self.offset = path, group, offset
+        self.offsets: array | None = array("q")
         self.ops: list[str] = []
         self.sigs: list[str] = []
-        try:
-            f = open(path, "rb")
-        except OSError:
+        if like is not None:
+            self.offsets, self.ops, self.sigs = None, like.ops, like.sigs
             return
-        with f:
-            f.seek(offset)
-            pos = offset
-            for raw in f:
-                start = pos
-                pos += len(raw)
-                if not raw.endswith(b"\n"):
-                    break
-                if b'"c"' not in raw:
-                    continue
-                try:
-                    rec = json.loads(raw)
-                except ValueError:
-                    continue
-                if not isinstance(rec, dict) or rec.get("t") != "c" or rec.get("g", "0") != group:
-                    continue
-                op = str(rec.get("op"))
-                self.offsets.append(start)
-                self.ops.append(sys.intern(op))
-                self.sigs.append(sys.intern(op + "|" + signature(rec)))
-                if len(self.ops) >= limit:
-                    break
+        if limit <= 0:
+            return
+        for start, rec in _group_events(path, group, offset):
+            op = str(rec.get("op"))
+            self.offsets.append(start)
+            self.ops.append(sys.intern(op))
+            self.sigs.append(sys.intern(op + "|" + signature(rec)))
+            if len(self.ops) >= limit:
+                break
 
     def __len__(self) -> int:
         return len(self.ops)
 
     def __getitem__(self, i: int) -> dict:
+        if self.offsets is None:  # shares another rank's ops: find the event in this file
+            if 0 <= i < len(self.ops):
+                for k, (_start, rec) in enumerate(_group_events(self.path, self.group, self.offset)):
+                    if k == i:
+                        return rec
+            raise IndexError(i)
         with open(self.path, "rb") as f:
             f.seek(self.offsets[i])
             return json.loads(f.readline())
@@ -93,13 +113,19 @@ class _Block:
 
 def _block_events(run: Run, members: list[int], group: str, b: int) -> dict[int, _Block]:
     out: dict[int, _Block] = {}
+    first: dict[tuple, _Block] = {}  # (op digest, signature digest, events in the block) -> its block
     for r in members:
         rt = run.ranks[r]
         gs = rt.groups.get(group)
         if gs is None or b >= len(gs.blocks):
             out[r] = _Block(rt.path, group, 0, 0)
             continue
-        out[r] = _Block(rt.path, group, gs.blocks[b][2], BLOCK)
+        blk = gs.blocks[b]
+        key = (blk[0], blk[1], min(BLOCK, gs.count - b * BLOCK))
+        like = first.get(key)
+        out[r] = _Block(rt.path, group, blk[2], BLOCK, like=like)
+        if like is None:
+            first[key] = out[r]
     return out
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ..trace.files import PREFIX, SUFFIX
 from . import frdump
+from .compact import Sharing, pack
 from .frconvert import C_LINE, FR_TAIL, NO_STACK, PARALLEL_FROM, RUN_ID, convert  # noqa: F401 - the API
 
 
@@ -32,13 +33,14 @@ class FrInput:
     sources: set[str] = field(default_factory=set)  # every dump file recognised (absolute paths)
     notes: list[str] = field(default_factory=list)
     bases: dict[str, int] = field(default_factory=dict)  # group -> positions before the window
-    by_out: dict[str, dict] = field(default_factory=dict)  # converted file -> summary
+    by_out: dict[str, int] = field(default_factory=dict)  # converted file -> rank
 
     def annotate(self, traces) -> None:
         """Give every converted rank the common window (``fr_base``) of each group."""
+        bases = dict(self.bases)  # one dict for all ranks: it is only read
         for rt in traces:
             if rt.path in self.by_out:
-                rt.header["fr_base"] = dict(self.bases)
+                rt.header["fr_base"] = bases
 
 
 _TMP: list[str] = []
@@ -57,6 +59,26 @@ def _ours(name: str) -> bool:
     return (name.startswith(PREFIX) and (name.endswith(SUFFIX) or name.endswith(".stacks.txt")
                                          or name.endswith(".inflight"))) or name.startswith("hang-") \
         or name == "HANG_KILL" or name.endswith(".part")
+
+
+def _convert_packed(job: tuple[str, str, str]) -> dict:
+    """``convert`` with its RankTrace packed (compact.pack) before it leaves the worker."""
+    s = convert(job)
+    if s.get("trace") is not None:
+        pack(s["trace"])
+    return s
+
+
+def _chunk(n: int, workers: int) -> int:
+    """Dumps per task: a chunk's summaries arrive together, unshared, so keep chunks small."""
+    return max(1, min(8, n // (4 * workers)))
+
+
+def _share(s: dict, sharing: Sharing) -> dict:
+    rt = s.get("trace")
+    if rt is not None:
+        sharing.rank(rt)  # ranks share their call sites and more: one copy of each for the run
+    return s
 
 
 def find_dumps(paths: list[str]) -> list[tuple[str, str]]:
@@ -81,9 +103,12 @@ def find_dumps(paths: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def prepare(paths: list[str], jobs: int | None = None, found: list | None = None) -> FrInput | None:
+def prepare(paths: list[str], jobs: int | None = None, found: list | None = None,
+            sharing: Sharing | None = None) -> FrInput | None:
     """Find (unless ``found``) and convert the Flight Recorder dumps among ``paths``; None when
-    there are none. Raises frdump.DumpRefused (a TraceError) for a pickle that would run code."""
+    there are none. Raises frdump.DumpRefused (a TraceError) for a pickle that would run code.
+    Each converted rank's summary is shared (compact.Sharing) as it arrives, so that the ranks'
+    summaries never all exist unshared at once."""
     found = find_dumps(paths) if found is None else found
     if not found:
         return None
@@ -91,11 +116,13 @@ def prepare(paths: list[str], jobs: int | None = None, found: list | None = None
     jobs_list = [(src, kind, os.path.join(tmp, f"{PREFIX}-fr-{i:06d}{SUFFIX}"))
                  for i, (src, kind) in enumerate(found)]
     workers = jobs or min(os.cpu_count() or 1, 8)
+    sharing = sharing or Sharing()
     if workers > 1 and len(jobs_list) >= PARALLEL_FROM:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            summaries = list(pool.map(convert, jobs_list, chunksize=max(1, len(jobs_list) // (4 * workers))))
+            summaries = [_share(s, sharing) for s in
+                         pool.map(_convert_packed, jobs_list, chunksize=_chunk(len(jobs_list), workers))]
     else:
-        summaries = [convert(j) for j in jobs_list]
+        summaries = [_share(_convert_packed(j), sharing) for j in jobs_list]
     fr = FrInput()
     for s in summaries:
         if s.get("refused"):
@@ -121,16 +148,12 @@ def prepare(paths: list[str], jobs: int | None = None, found: list | None = None
         fr.sources.update(s["src"] for s in summaries)
         return fr if fr.notes else None
     _window(fr, by_rank)
-    shared: dict[str, dict] = {}
-    for _r, s in sorted(by_rank.items()):
+    for r, s in sorted(by_rank.items()):
         if s.get("trace") is not None:
-            rt = s.pop("trace")
-            # ranks share their call sites: one copy of each for the whole run
-            rt.sites = {sid: shared.setdefault(json.dumps(rec, sort_keys=True), rec) for sid, rec in rt.sites.items()}
-            fr.traces.append(rt)
+            fr.traces.append(s.pop("trace"))
         else:
             fr.files.append(s["out"])
-        fr.by_out[s["out"]] = s
+        fr.by_out[s["out"]] = r
     forms = sorted({s["form"] for s in by_rank.values()})
     fr.notes.insert(0, f"read {len(by_rank)} Flight Recorder dump(s) ({'/'.join(forms)}); findings "
                        "come from PyTorch's ring buffer of collectives, not from a ddpdoctor trace")

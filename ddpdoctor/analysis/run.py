@@ -7,7 +7,8 @@ from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
-from .load import RankTrace, TraceError, find_trace_files, read_rank
+from .compact import Sharing, read_packed
+from .load import RankTrace, TraceError, find_trace_files
 
 #: Read rank files in worker processes from this many files on (2 cores here), or from this
 #: many bytes of traces (a few long files: the pool costs ~0.1 s, reading 16 MB ~0.4 s a core).
@@ -75,12 +76,16 @@ def _total_bytes(files: list[str]) -> int:
     return n
 
 
-def _read_all(files: list[str], jobs: int | None) -> list[RankTrace]:
+def _read_all(files: list[str], jobs: int | None, sharing: Sharing) -> list[RankTrace]:
+    """Every file read and packed (compact.py); values equal across ranks shared as each arrives,
+    so only one rank's unshared summary is held at a time."""
     if (jobs or os.cpu_count() or 1) > 1 and len(files) > 1 and (
             len(files) >= PARALLEL_FROM or _total_bytes(files) >= PARALLEL_BYTES):
         with ProcessPoolExecutor(max_workers=jobs or min(os.cpu_count() or 1, 8)) as pool:
-            return list(pool.map(read_rank, files, chunksize=max(1, len(files) // 32)))
-    return [read_rank(f) for f in files]
+            # small chunks: a chunk's summaries arrive together, before they are shared
+            chunk = max(1, min(8, len(files) // 32))
+            return [sharing.rank(rt) for rt in pool.map(read_packed, files, chunksize=chunk)]
+    return [sharing.rank(read_packed(f)) for f in files]
 
 
 def load_run(paths: list[str], run_id: str | None = None, jobs: int | None = None) -> Run:
@@ -99,8 +104,9 @@ def load_run(paths: list[str], run_id: str | None = None, jobs: int | None = Non
         files = []
     fr = None
     notes: list[str] = []
+    sharing = Sharing()  # one table for the whole run (compact.py)
     if dumps and (run_id == frmodel.RUN_ID or not files):
-        fr = frmodel.prepare(paths, jobs, found=dumps)
+        fr = frmodel.prepare(paths, jobs, found=dumps, sharing=sharing)
         if fr is None or not (fr.files or fr.traces):
             raise TraceError(f"no ddpdoctor trace or usable Flight Recorder dump in {', '.join(paths)}"
                              + ("; " + "; ".join(fr.notes[:2]) if fr is not None and fr.notes else ""))
@@ -110,7 +116,7 @@ def load_run(paths: list[str], run_id: str | None = None, jobs: int | None = Non
         notes.append(f"{len(dumps)} Flight Recorder dump(s) next to the ddpdoctor traces: reporting the "
                      f"traces (the dumps with --run {frmodel.RUN_ID})")
     files += fr.files if fr is not None else []
-    traces = _read_all(files, jobs) + (fr.traces if fr is not None else [])
+    traces = _read_all(files, jobs, sharing) + (fr.traces if fr is not None else [])
     if fr is not None:
         fr.annotate(traces)
     for rt in traces:

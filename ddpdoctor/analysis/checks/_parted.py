@@ -11,41 +11,102 @@ sites and exactly one side's call is under a rank-dependent branch the other's i
 
 from __future__ import annotations
 
+from array import array
+
+from ...trace.files import open_regular
 from ...verdict import blame, parting
-from ..load import BLOCK, read_group_events
+from ..conform import bounded_lines, parse_line
+from ..load import BLOCK
 from .base import Context
 
 #: How many positions before a divergence are compared.
 WINDOW = 64
 
 
-def _reader(ctx: Context, group: str):
-    """``event(rank, seq)``: a rank's sequence event at a position of ``group`` (blocks cached)."""
-    cache: dict[tuple[int, int], list[dict]] = {}
+def _group_events(path: str, group: str, offset: int):
+    """(byte offset, record) of each sequence event of ``group`` from ``offset``, read as
+    ``load.iter_records`` reads (corrupt lines skipped, stop at a truncated last line)."""
+    try:
+        f = open_regular(path)
+    except OSError:
+        return
+    with f:
+        f.seek(offset)
+        for start, raw in bounded_lines(f):
+            if raw is None:
+                continue
+            if not raw.endswith(b"\n"):
+                return
+            try:
+                rec = parse_line(raw)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(rec, dict) and rec.get("t") == "c" and rec.get("g", "0") == group:
+                yield offset + start, rec
 
-    def event(r: int, s: int) -> dict | None:
-        rt = ctx.run.ranks.get(r)
-        gs = rt.groups.get(group) if rt is not None else None
-        b = (s - 1) // BLOCK
-        if gs is None or s < 1 or b >= len(gs.blocks):
+
+class _Window:
+    """Each rank's calls at positions ``lo..hi`` of a group. Only the op and site of each are kept
+    (a few bytes a call: this runs over every rank of the group), and the whole event is read
+    again from its offset for the one position a finding shows."""
+
+    def __init__(self, ctx: Context, group: str, lo: int, hi: int) -> None:
+        self.ctx, self.group, self.lo, self.hi = ctx, group, max(1, lo), hi
+        self._ranks: dict[int, tuple | None] = {}
+
+    def _load(self, r: int) -> tuple | None:
+        rt = self.ctx.run.ranks.get(r)
+        gs = rt.groups.get(self.group) if rt is not None else None
+        b = (self.lo - 1) // BLOCK
+        if gs is None or b >= len(gs.blocks):
             return None
-        if (r, b) not in cache:
-            cache[(r, b)] = read_group_events(rt.path, group, gs.blocks[b][2], BLOCK)
-        evs = cache[(r, b)]
-        i = (s - 1) % BLOCK
-        return evs[i] if i < len(evs) else None
+        ops: list = []
+        sites: list = []
+        offsets = array("q")
+        s = b * BLOCK
+        for start, rec in _group_events(rt.path, self.group, gs.blocks[b][2]):
+            s += 1
+            if s < self.lo:
+                continue
+            if s > self.hi:
+                break
+            ops.append(rec.get("op"))
+            sites.append(rec.get("site"))
+            offsets.append(start)
+        return ops, sites, offsets
 
-    return event
+    def _at(self, r: int, s: int) -> tuple | None:
+        if r not in self._ranks:
+            self._ranks[r] = self._load(r)
+        got = self._ranks[r]
+        i = s - self.lo
+        if got is None or not self.lo <= s <= self.hi or i >= len(got[0]):
+            return None
+        return got[0][i], got[1][i], got[2][i]
+
+    def call(self, r: int, s: int) -> tuple | None:
+        """(op, site) of rank ``r``'s call at position ``s``; None when it has none there."""
+        got = self._at(r, s)
+        return None if got is None else got[:2]
+
+    def event(self, r: int, s: int) -> dict | None:
+        """The whole event at position ``s``, read again from the file."""
+        got = self._at(r, s)
+        if got is None:
+            return None
+        for _start, rec in _group_events(self.ctx.run.ranks[r].path, self.group, got[2]):
+            return rec
+        return None
 
 
 def previous_sites(ctx: Context, group: str, point) -> dict[int, dict]:
     """rank -> the site of its call just before ``point`` (where the ranks still agreed)."""
-    event = _reader(ctx, group)
+    window = _Window(ctx, group, point.seq - 1, point.seq - 1)
     out = {}
     for r in point.events:
-        ev = event(r, point.seq - 1)
-        if ev is not None:
-            out[r] = ctx.site(r, ev.get("site"))
+        call = window.call(r, point.seq - 1)
+        if call is not None:
+            out[r] = ctx.site(r, call[1])
     return out
 
 
@@ -61,16 +122,16 @@ def parted_before(ctx: Context, group: str, point) -> dict | None:
     members = sorted(point.events)
     if len(members) < 2:
         return None
-    event = _reader(ctx, group)
+    window = _Window(ctx, group, point.seq - WINDOW, point.seq - 1)
 
     for s in range(point.seq - 1, max(0, point.seq - 1 - WINDOW), -1):
-        at = {r: event(r, s) for r in members}
-        if any(e is None for e in at.values()) or len({e.get("op") for e in at.values()}) != 1:
+        at = {r: window.call(r, s) for r in members}
+        if any(e is None for e in at.values()) or len({e[0] for e in at.values()}) != 1:
             return None
         sides: dict[tuple, list[int]] = {}
         sites: dict[tuple, dict] = {}
-        for r, ev in at.items():
-            site = ctx.site(r, ev.get("site"))
+        for r, (_op, sid) in at.items():
+            site = ctx.site(r, sid)
             key = _site_key(site)
             sides.setdefault(key, []).append(r)
             sites.setdefault(key, site)
@@ -80,6 +141,7 @@ def parted_before(ctx: Context, group: str, point) -> dict | None:
         if flagged is None:
             continue
         found = parting.branches(sites[flagged], [v for k, v in sites.items() if k != flagged])
-        return {"seq": s, "sides": sides, "sites": sites, "events": at, "culprit": sorted(sides[flagged]),
+        events = {r: window.event(r, s) for r in members}
+        return {"seq": s, "sides": sides, "sites": sites, "events": events, "culprit": sorted(sides[flagged]),
                 "branch": parting.deciding(found), "flagged": flagged}
     return None
