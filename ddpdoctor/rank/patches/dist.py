@@ -325,7 +325,8 @@ def _make_collective(op: str, orig, spec):
                 rec.internal_error(exc)
         return _record(rec, ent, seq, orig, args, kwargs, frame, tid, extra)
 
-    wrapper = functools.wraps(orig)(fastpath.make_wrapper(orig, fastkey, general, reducing, _dyn, _tc))
+    wrapper = functools.wraps(orig)(fastpath.make_wrapper(
+        orig, fastkey, general, reducing, (_dyn, _tc), (_failed, _track_async)))
     setattr(wrapper, _PATCHED_MARK, True)
     return wrapper
 

@@ -82,15 +82,19 @@ next(_frames)
 _resume = _frames.send
 
 
-def make_wrapper(orig, fastkey, general, reducing: bool, dyn, tc):
+def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, shared: tuple):
     """The wrapper of collective ``orig``: a repeat call from a known site with arguments of a
     known shape is recorded here from its ``Hit``; any other goes to ``general(rec, tid, frame,
     fkey, fast, args, kwargs)``, which records it and stores the ``Hit`` for next time.
+    ``compiling``: dist's (is_dynamo_compiling, torch.compiler); ``shared``: dist's
+    (_failed, _track_async), passed in so that this module does not import dist.
 
     One function for the whole fast path: a Python call and its arguments cost ~1k
     instructions, a tenth of what is left to spend (callgrind)."""
     # (caller's code identity, its instruction offset, its caller's offset, argument key) -> Hit
     fast: dict = {}
+    dyn, tc = compiling
+    failed, track_async = shared
 
     def wrapper(*args, **kwargs):
         rec = recorder_mod._recorder
@@ -132,7 +136,8 @@ def make_wrapper(orig, fastkey, general, reducing: bool, dyn, tc):
             result = orig(*args, **kwargs)
         except BaseException as exc:
             inflight.pop(tid, None)
-            _failed(rec, exc, hit, seq, iseq, start, ts)
+            # (text and ints only: formatting cannot raise and replace the user's exception)
+            failed(rec, exc, f'{hit.ent[1]}{seq}{hit.ent[2]},"ts":{ts}', hit.site, start, (hit.op, g, iseq, ts))
             raise
         try:
             del inflight[tid]
@@ -145,22 +150,12 @@ def make_wrapper(orig, fastkey, general, reducing: bool, dyn, tc):
             rec.events += 1
             rec.last_event = (hit.op, g, iseq, hit.site, ts + dur)
             if hit.is_async and result is not None:
-                from .dist import _track_async
-
-                _track_async(rec, result, hit.op, g, iseq, hit.site, hit.wtag)
+                track_async(rec, result, hit.op, g, iseq, hit.site, hit.wtag)
         except Exception as exc:  # after the call: recorded as far as it went, never re-issued
             rec.internal_error(exc)
         return result
 
     return wrapper
-
-
-def _failed(rec, exc: BaseException, hit: Hit, seq: int, iseq: int, start: int, ts: int) -> None:
-    """The general path's record of a call that raised (never raises itself)."""
-    from . import dist
-
-    begin = f'{hit.ent[1]}{seq}{hit.ent[2]},"ts":{ts}'
-    dist._failed(rec, exc, begin, hit.site, start, (hit.op, hit.g, iseq, ts))
 
 
 def key_function(params: list[str], defaults: dict, tensors: tuple, values: tuple, absent: int):
