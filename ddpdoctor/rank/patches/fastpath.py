@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 from ...trace.inflight import SIZE as _SLOT_SIZE
 from .. import recorder as recorder_mod
+from ..callsite import resume_frames as _resume
 
 _perf_ns = time.perf_counter_ns
 _get_ident = threading.get_ident
@@ -66,20 +67,6 @@ def make_hit(rec, ent: tuple, site: int, code) -> Hit | None:
     if len(head) + len(mid) + len(slot_tail) + 48 >= _SLOT_SIZE:
         return None
     return Hit(rec, ent[0], ent[4], ent[5], site, head, mid, tail, slot_tail, ent[6], ent[7], ent, code)
-
-
-def _frame_source():
-    """A generator whose running frame's ``f_back`` is whoever resumed it: the caller's frame
-    without ``sys._getframe``, which raises an audit event (a Python call into every audit hook,
-    ~3k instructions with fileaudit's, callgrind) at each use; ``f_back`` raises none."""
-    me = sys._getframe()  # once, at import
-    while True:
-        yield me.f_back
-
-
-_frames = _frame_source()
-next(_frames)
-_resume = _frames.send
 
 
 def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, shared: tuple):
