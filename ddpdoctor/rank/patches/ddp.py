@@ -22,6 +22,7 @@ import zlib
 
 from ...trace.records import InFlight
 from .. import recorder as recorder_mod
+from ..callsite import resume_frames
 from . import WRAPPED
 
 _MARK = WRAPPED
@@ -197,9 +198,9 @@ def patch() -> None:
 
     @functools.wraps(orig_forward)
     def forward(self, *inputs, **kwargs):
-        rec = rec_get()
+        rec = recorder_mod._recorder
         info = getattr(self, "_ddpdoctor", None)
-        if rec is None or not rec.enabled or info is None or getattr(rec.local, "depth", 0):
+        if rec is None or not rec.enabled or info is None or rec.local.depth:
             return orig_forward(self, *inputs, **kwargs)
         try:
             grad = torch.is_grad_enabled()
@@ -207,7 +208,10 @@ def patch() -> None:
             rebuilt_before = getattr(self, "_has_rebuilt_buckets", True)
             comm = sync_bufs or (grad and not rebuilt_before and info["bwd"] > 0)
             gname = info["g"]
-            site = rec.sites.current(2)
+            try:  # the caller's frame without sys._getframe (an audit event): see callsite
+                site = rec.sites.at(resume_frames(None).f_back)
+            except ValueError:  # another thread is inside the frame generator
+                site = rec.sites.current(2)
             seq = rec.next_seq(gname) if comm else 0
             start = (_perf_ns() - rec.t0_ns) // 1000
             fkey = ("ddp_fwd", _identity(self))
@@ -245,7 +249,7 @@ def patch() -> None:
             if grad and self.require_backward_grad_sync:
                 t = _first_grad_tensor(out)
                 if t is not None:
-                    hook = _BackwardHook(rec, self, info, gname, site)
+                    hook = _BackwardHook(rec, info, gname, site)
                     node = t.grad_fn
                     # A pre-hook of the node that made the output fires when the tensor's own
                     # hook would (its gradient is ready, the node not yet run), for ~25 fewer
@@ -280,10 +284,10 @@ class _BackwardHook:
     autograd-engine callback, its end. The callbacks are this object's bound methods: nothing
     else is made per step (a closure and a lambda per backward before)."""
 
-    __slots__ = ("rec", "ddp", "info", "g", "site", "fired", "key", "seq", "start", "step")
+    __slots__ = ("rec", "info", "g", "site", "fired", "key", "seq", "start", "step")
 
-    def __init__(self, rec, ddp, info, gname, site) -> None:
-        self.rec, self.ddp, self.info, self.g, self.site = rec, weakref.ref(ddp), info, gname, site
+    def __init__(self, rec, info, gname, site) -> None:
+        self.rec, self.info, self.g, self.site = rec, info, gname, site
         self.fired = False
 
     def __call__(self, grad):
