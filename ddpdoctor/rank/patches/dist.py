@@ -312,10 +312,12 @@ def _make_collective(op: str, orig, spec):
             hit = _field(_ddp_overlap, rec, [get(p, args, kwargs) for p in primary])
             if hit:
                 extra = f',"ddp_overlap":{json.dumps(hit)}'
-        if fkey is not None and len(fast) < 4096:
+        gk = rec.sites._gkind.get(_identity(frame.f_globals))
+        if fkey is not None and len(fast) < 4096 and (gk is None or not gk[1]):
             try:
                 # only where the caller is the user's frame: a library caller's site is that of
-                # the user frame further out, which this key does not name
+                # the user frame further out, which this key does not name (a caller in a
+                # library module, FSDP's, is told by its globals: no second site lookup)
                 site = rec.sites.at(frame)
                 if rec.sites._lib.get(fkey[0]) == 0:
                     h = fastpath.make_hit(rec, ent, site, frame.f_code)
