@@ -22,6 +22,7 @@ import zlib
 
 from ...trace.records import InFlight
 from .. import recorder as recorder_mod
+from ..callsite import resume_frames
 from . import WRAPPED
 
 _MARK = WRAPPED
@@ -200,9 +201,9 @@ def patch() -> None:
 
     @functools.wraps(orig_forward)
     def forward(self, *inputs, **kwargs):
-        rec = rec_get()
+        rec = recorder_mod._recorder
         info = getattr(self, "_ddpdoctor", None)
-        if rec is None or not rec.enabled or info is None or getattr(rec.local, "depth", 0):
+        if rec is None or not rec.enabled or info is None or rec.local.depth:
             return orig_forward(self, *inputs, **kwargs)
         try:
             grad = torch.is_grad_enabled()
@@ -210,7 +211,10 @@ def patch() -> None:
             rebuilt_before = getattr(self, "_has_rebuilt_buckets", True)
             comm = sync_bufs or (grad and not rebuilt_before and info["bwd"] > 0)
             gname = info["g"]
-            site = rec.sites.current(2)
+            try:  # the caller's frame without sys._getframe (an audit event): see callsite
+                site = rec.sites.at(resume_frames(None).f_back)
+            except ValueError:  # another thread is inside the frame generator
+                site = rec.sites.current(2)
             seq = rec.next_seq(gname) if comm else 0
             start = (_perf_ns() - rec.t0_ns) // 1000
             fkey = ("ddp_fwd", _identity(self))
@@ -241,14 +245,16 @@ def patch() -> None:
             extra = ',"bufs":1' if sync_bufs else ""
             extra += ',"grad":1' if grad else ""
             kind = "c" if comm else "e"
-            rec.emit_line(f'{{"t":"{kind}","op":"ddp_forward","g":"{gname}","s":{seq},"ts":{start},'
-                          f'"d":{(_perf_ns() - rec.t0_ns) // 1000 - start},"site":{site},'
-                          f'"step":{info["fwd"]}{extra}}}')
+            _store(rec, f'{{"t":"{kind}","op":"ddp_forward","g":"{gname}","s":{seq},"ts":{start},'
+                        f'"d":{(_perf_ns() - rec.t0_ns) // 1000 - start},"site":{site},'
+                        f'"step":{info["fwd"]}{extra}}}\n')
             rec.__dict__["_ddp_ptrs"]["dirty"] = True
             if grad and self.require_backward_grad_sync:
                 t = _first_grad_tensor(out)
                 if t is not None:
-                    t.register_hook(_BackwardHook(rec, self, info, gname, site))
+                    # (a tensor hook, not a pre-hook of its node, which would be ~25 bytecodes
+                    # cheaper: the hook is handed this tensor's own gradient, see grads.py)
+                    t.register_hook(_BackwardHook(rec, info, gname, site))
         except Exception as exc:
             rec.internal_error(exc)
         return out
@@ -260,14 +266,25 @@ def patch() -> None:
     _patch_join()
 
 
+def _store(rec, line: str) -> None:
+    """One whole record (with its newline) into the mapped trace file: what ``emit_line`` does,
+    without its checks and string copies on the step path (~50 bytecodes, counted)."""
+    data = line.encode("utf-8", "backslashreplace")
+    try:
+        rec.writer.mm.write(data)  # a memcpy, no syscall (trace/mappedtrace.py)
+    except (AttributeError, ValueError):  # a full chunk, a plain writer, no file (yet)
+        rec.emit_bytes(data)
+
+
 class _BackwardHook:
     """Marks the start of DDP's gradient all-reduce (backward reaches the output) and, through an
-    autograd-engine callback, its end."""
+    autograd-engine callback, its end. The callbacks are this object's bound methods: nothing
+    else is made per step (a closure and a lambda per backward before)."""
 
-    __slots__ = ("rec", "ddp", "info", "g", "site", "fired")
+    __slots__ = ("rec", "info", "g", "site", "fired", "key", "seq", "start", "step")
 
-    def __init__(self, rec, ddp, info, gname, site) -> None:
-        self.rec, self.ddp, self.info, self.g, self.site = rec, weakref.ref(ddp), info, gname, site
+    def __init__(self, rec, info, gname, site) -> None:
+        self.rec, self.info, self.g, self.site = rec, info, gname, site
         self.fired = False
 
     def __call__(self, grad):
@@ -276,34 +293,51 @@ class _BackwardHook:
         self.fired = True
         rec = self.rec
         try:
-            import torch
-
-            self.info["bwd"] += 1
-            seq = rec.next_seq(self.g)
-            start = rec.now_us()
-            key = ("ddp_bwd", threading.get_ident())
+            info = self.info
+            info["bwd"] += 1
+            self.step = info["bwd"]
+            seqs = rec.seq
+            self.seq = seq = seqs.get(self.g, 0) + 1
+            seqs[self.g] = seq
+            self.start = start = (_perf_ns() - rec.t0_ns) // 1000
+            self.key = key = ("ddp_bwd", _get_ident())
             rec.inflight[key] = ("ddp_backward", self.g, seq, self.site, start)
-            step = self.info["bwd"]
-
-            engine = torch.autograd.Variable._execution_engine
-
-            def done():
-                rec.inflight.pop(key, None)
-                # gradients exist now (the first backward creates them): rebuild the overlap map
-                rec.__dict__.setdefault("_ddp_ptrs", {"dirty": True, "map": {}})["dirty"] = True
-                rec.emit_line(f'{{"t":"c","op":"ddp_backward","g":"{self.g}","s":{seq},'
-                              f'"ts":{start},"d":{rec.now_us() - start},"site":{self.site},'
-                              f'"step":{step}}}')
-
             # This hook runs before any parameter's gradient, so a callback queued now would run
             # before the one DDP queues to wait for its all-reduce; queueing again from inside
             # ours puts the end of the event after DDP's wait.
-            engine.queue_callback(lambda: engine.queue_callback(done))
-            if "grads" in self.info:  # DD015/DD016 (grads.py): before DDP queues its end-of-backward callback
-                self.info["grads"](grad, step, self.site)
+            _engine().queue_callback(self._requeue)
+            if "grads" in info:  # DD015/DD016 (grads.py): before DDP queues its end-of-backward callback
+                info["grads"](grad, self.step, self.site)
         except Exception as exc:
             rec.internal_error(exc)
         return None
+
+    def _requeue(self) -> None:
+        _engine().queue_callback(self._done)
+
+    def _done(self) -> None:
+        rec = self.rec
+        rec.inflight.pop(self.key, None)
+        # gradients exist now (the first backward creates them): rebuild the overlap map
+        rec.__dict__.setdefault("_ddp_ptrs", {"dirty": True, "map": {}})["dirty"] = True
+        start = self.start
+        _store(rec, f'{{"t":"c","op":"ddp_backward","g":"{self.g}","s":{self.seq},"ts":{start},'
+                    f'"d":{(_perf_ns() - rec.t0_ns) // 1000 - start},"site":{self.site},'
+                    f'"step":{self.step}}}\n')
+
+
+def _engine():
+    """The autograd engine (``queue_callback``), looked up once."""
+    eng = _ENGINE[0]
+    if eng is None:
+        import torch
+
+        eng = _ENGINE[0] = torch.autograd.Variable._execution_engine
+    return eng
+
+
+_ENGINE: list = [None]
+_get_ident = threading.get_ident
 
 
 def _patch_join() -> None:

@@ -20,7 +20,7 @@ import weakref
 from ...trace import ops
 from .. import describe
 from .. import recorder as recorder_mod
-from . import WRAPPED
+from . import WRAPPED, fastpath
 
 _PATCHED_MARK = WRAPPED
 _get_ident = threading.get_ident
@@ -231,6 +231,7 @@ def _make_collective(op: str, orig, spec):
     values = (("group",) if has_group else ()) + roots + (("op",) if has_op else ()) + \
         (("async_op",) if has_async else ())
     keyfn = _key_function(params, defaults, primary + other, values) if keyable else None
+    fastkey = fastpath.key_function(params, defaults, primary + other, values, _ABSENT) if keyable else None
     cache: dict = {}
 
     def entry(rec, args, kwargs):
@@ -280,14 +281,9 @@ def _make_collective(op: str, orig, spec):
                 ',"async":1' if is_async else "", op, True, is_async, "",
                 get("op", args, kwargs) if has_op else None)
 
-    @functools.wraps(orig)
-    def wrapper(*args, **kwargs):
-        rec = recorder_mod._recorder
-        if rec is None or not rec.enabled or rec.local.depth or _dyn() or _tc._is_compiling_flag:
-            return orig(*args, **kwargs)  # not tracing, nested in a patched call, or compiling
-        tid = _get_ident()
-        if tid in rec.inflight:  # inside another recorded call (all_gather_object -> all_gather)
-            return orig(*args, **kwargs)
+    def general(rec, tid, frame, fkey, fast, args, kwargs):
+        """A call the fast path (fastpath.make_wrapper) has no ``Hit`` for: described, recorded,
+        and its ``Hit`` stored under ``fkey`` for the next call from this site."""
         ent = None
         try:
             if keyfn is not None:
@@ -316,8 +312,23 @@ def _make_collective(op: str, orig, spec):
             hit = _field(_ddp_overlap, rec, [get(p, args, kwargs) for p in primary])
             if hit:
                 extra = f',"ddp_overlap":{json.dumps(hit)}'
-        return _record(rec, ent, seq, orig, args, kwargs, _getframe(1), tid, extra)
+        gk = rec.sites._gkind.get(_identity(frame.f_globals))
+        if fkey is not None and len(fast) < 4096 and (gk is None or not gk[1]):
+            try:
+                # only where the caller is the user's frame: a library caller's site is that of
+                # the user frame further out, which this key does not name (a caller in a
+                # library module, FSDP's, is told by its globals: no second site lookup)
+                site = rec.sites.at(frame)
+                if rec.sites._lib.get(fkey[0]) == 0:
+                    h = fastpath.make_hit(rec, ent, site, frame.f_code)
+                    if h is not None:
+                        fast[fkey] = h
+            except Exception as exc:  # noqa: BLE001 - never let bookkeeping break the call
+                rec.internal_error(exc)
+        return _record(rec, ent, seq, orig, args, kwargs, frame, tid, extra)
 
+    wrapper = functools.wraps(orig)(fastpath.make_wrapper(
+        orig, fastkey, general, reducing, (_dyn, _tc), (_failed, _track_async)))
     setattr(wrapper, _PATCHED_MARK, True)
     return wrapper
 

@@ -169,10 +169,13 @@ def install(rec) -> None:
     state = {"n": 0}
     from .. import recorder as recorder_mod
 
-    def hook(event, args):
-        op = _WATCH.get(event, 0)
-        if op == 0:
+    def hook(event, args, _watched=_WATCH.keys()):
+        # Every audit event of the process calls this (id(), frame attribute reads, imports...:
+        # ~10 per DDP step, 1-2 per recorded collective); the ones not watched leave after one
+        # membership test (5 bytecodes: a bound default, no global or method lookup).
+        if event not in _watched:
             return
+        op = _WATCH[event]
         r = recorder_mod.get()
         if r is None or r.writer is None or not r.enabled or getattr(r.local, "in_audit", False):
             return
