@@ -145,7 +145,8 @@ class ReplicaDrift(Check):
         else:
             msg += (" With broadcast_buffers=False every rank keeps its own buffers (BatchNorm running "
                     "statistics from its own batches): evaluation and checkpoints depend on the rank.")
-        locs = [ctx.loc(r0, mine.get("site"), "digest")]
+        # a digest taken at exit has no call site of its own: no "?:0" location for it
+        locs = [loc for loc in [ctx.loc(r0, mine.get("site"), "digest")] if loc.line > 0]
         if cause_loc is not None:
             locs.insert(0, cause_loc)
         locs.append(ctx.loc(r0, init.get("site"), "ddp"))
