@@ -183,13 +183,15 @@ class SiteTable:
             if not k[1] or b is None:
                 break
             f = b
-        code = f.f_code
-        cid = _identity(code)
-        is_lib = self._lib.get(cid)
-        if is_lib is None:
-            is_lib = self._classify(code, cid)
         fw: tuple = ()
-        while is_lib:  # a call made by a library (FSDP, DDP's join...): find the user's frame
+        while True:  # a call made by a library (FSDP, DDP's join...): walk out to the user's frame
+            code = f.f_code
+            cid = _identity(code)
+            is_lib = self._lib.get(cid)
+            if is_lib is None:
+                is_lib = self._classify(code, cid)
+            if not is_lib:
+                break
             if is_lib == 2:
                 # a framework between the call and the user's line (accelerate, Lightning): the
                 # same user line reached through other framework code is another site
@@ -198,11 +200,6 @@ class SiteTable:
             if b is None:
                 break
             f = b
-            code = f.f_code
-            cid = _identity(code)
-            is_lib = self._lib.get(cid)
-            if is_lib is None:
-                is_lib = self._classify(code, cid)
         b = f.f_back
         key = (cid, f.f_lasti, -1 if b is None else b.f_lasti, *fw)
         sid = self._at.get(key)
