@@ -19,7 +19,7 @@ import os
 import weakref
 import zlib
 
-from . import WRAPPED
+from . import WRAPPED, optnest
 
 #: Elements sampled per tensor.
 SAMPLE = 64
@@ -81,6 +81,7 @@ def _install(rec) -> None:
     try:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
+        optnest.install()  # before the post-hook: a wrapper's inner step is then told apart
         register_optimizer_step_post_hook(_after_step)
     except ImportError:  # older torch: construction, saves and exit only
         pass
@@ -112,6 +113,8 @@ def _bind_get() -> None:
 
 def _after_step(opt, args, kwargs) -> None:
     """Global optimizer step post-hook: count steps per DDP module, digest on schedule."""
+    if not optnest.outermost(opt):  # e.g. ZeRO's local step, before it syncs the shards
+        return
     try:
         mods = _state["opt"].get(opt)
         if mods is None:
