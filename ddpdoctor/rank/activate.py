@@ -65,6 +65,9 @@ def on_torch_imported() -> None:
 
         if not patch_dist.patch():
             return
+        from .patches import compiled as patch_compiled
+
+        patch_compiled.patch()  # before the patches that register what to do at torch.compile
         patch_ddp.patch()
         patch_data.patch()
         from .patches import coverage as patch_coverage

@@ -23,7 +23,7 @@ import zlib
 from ...trace.records import InFlight
 from .. import recorder as recorder_mod
 from ..callsite import resume_frames
-from . import WRAPPED
+from . import WRAPPED, compiled
 
 _MARK = WRAPPED
 #: Identity without id(), which raises an audit event (a call into every audit hook) per use.
@@ -263,6 +263,7 @@ def patch() -> None:
     setattr(forward, _MARK, True)
     DDP.__init__ = __init__
     DDP.forward = forward
+    compiled.before_compile(lambda: compiled.run_eagerly(DDP, "forward"))
     _patch_join()
 
 

@@ -21,7 +21,7 @@ import threading
 import zlib
 
 from .. import recorder as recorder_mod
-from . import WRAPPED
+from . import WRAPPED, compiled
 
 #: Draws that pick, order or sample from a collection: they decide who gets which item.
 SELECTIONS = ("shuffle", "sample", "choice", "choices", "permutation")
@@ -225,6 +225,7 @@ def _install_window_end() -> None:
         return None
 
     _state["handles"] = [register_module_forward_pre_hook(on_forward), register_optimizer_step_pre_hook(on_step)]
+    compiled.before_compile(lambda: close("compile"))  # (see compiled: the global hook goes first)
     _wrap_attr(DataLoader, "__iter__", lambda o: _iter_wrapper(o))
 
 
