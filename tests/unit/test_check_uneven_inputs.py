@@ -122,3 +122,39 @@ def test_hundreds_of_ranks_one_short(tmp_path):
     assert found[0].data["short"] == [77] and len(found[0].ranks) == 255
     assert "ranks 0-76,78-255: 12 steps" in found[0].message and "rank 77: 11 steps" in found[0].message
     assert took < 10, took
+
+
+def test_conditional_exits_of_the_loop_are_named_when_the_short_rank_left_it(tmp_path):
+    """Early stopping on a rank's own loss: the short rank exited normally, and the loop's
+    conditional exits (read from the source file) are named; an exit under no condition is not."""
+    src = tmp_path / "train.py"
+    src.write_text("import torch\n" * 27 + "for x in batches:\n"  # line 28
+                   "    pass\n"
+                   "    loss = model(x)\n"  # line 30
+                   "    if loss.item() < best:\n"
+                   "        break\n"
+                   "    for y in inner:\n"
+                   "        break\n")  # an inner loop's break is not an exit of this loop
+    step = (str(src), 30, "loss = model(x)", [[str(src), 28, "for x in batches:", "for"]])
+    long = [coll(1, "ddp_init", (str(src), 20)), ddp_record()] + ddp_steps(4, site=step)
+    long += [{"t": "e", "op": "ddp_forward", "g": "0", "s": 0, "d": 5, "site": step, "grad": 1}]
+    short = [coll(1, "ddp_init", (str(src), 20)), ddp_record()] + ddp_steps(4, site=step)
+    folder = write_run(tmp_path / "run", {0: long, 1: short},
+                       exits={0: raised(GLOO_CLOSED, line=31, inflight=[["ddp_backward", "0", 6, step, 99000]])})
+    (f,) = run_checks(folder, "DD006")
+    assert "conditional exits (train.py:32 `break` under train.py:31 `if loss.item() < best:`)" in f.message
+    assert "if rank 1 took one" in f.message and "all-reduced or broadcast" in f.message
+    assert {(loc.role, loc.line, loc.rank) for loc in f.locations} >= {("condition", 31, 1), ("exit", 32, 1)}
+    assert not any(loc.line == 34 for loc in f.locations)
+
+
+def test_no_exit_list_when_the_loop_has_no_conditional_exit(tmp_path):
+    src = tmp_path / "train.py"
+    src.write_text("import torch\n" * 27 + "for x in batches:\n    pass\n    loss = model(x)\n")
+    step = (str(src), 30, "loss = model(x)", [[str(src), 28, "for x in batches:", "for"]])
+    long = [coll(1, "ddp_init", (str(src), 20)), ddp_record()] + ddp_steps(5, site=step)
+    short = [coll(1, "ddp_init", (str(src), 20)), ddp_record()] + ddp_steps(4, site=step)
+    folder = write_run(tmp_path / "run", {0: long, 1: short})
+    (f,) = run_checks(folder, "DD006")
+    assert "conditional exits" not in f.message
+    assert {loc.role for loc in f.locations} == {"call", "loop"}

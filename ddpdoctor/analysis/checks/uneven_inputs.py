@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ddpdoctor.trace.ranges import fmt_ranks
 
 from ...trace import ops
+from ...trace.sourceinfo import loop_exits
 from ..findings import Location
 from . import _failures
 from ._failures import fmt
@@ -189,6 +191,7 @@ class UnevenInputs(Check):
         loop = _loop_header(ctx, r0, sid)
         if loop is not None:
             locations.append(loop)
+        exits_note = self._exits(u, ends, loop, locations)
         short_desc = self._short_side(ctx, u, ends, locations)
         hi = max(s.n for s in u.steps.values())
         msg = (f"The ranks ran different numbers of DDP training steps (the step at {where}): "
@@ -198,6 +201,7 @@ class UnevenInputs(Check):
         msg += (" This is the classic hang at the end of an epoch: the ranks got different numbers of "
                 "batches (data split by hand, an IterableDataset, a sampler without padding) or one "
                 "rank skipped or broke out of a step.")
+        msg += exits_note
         hint = self._sampler_hint(ctx, u)
         if hint:
             msg += " " + hint
@@ -206,6 +210,28 @@ class UnevenInputs(Check):
         return self.finding(msg[:1].upper() + msg[1:], u.long, locations, evidence=evidence,
                             data={"groups": sorted(u.groups), "long": u.long, "short": u.short,
                                   "steps": {str(r): s.n for r, s in u.steps.items()}})
+
+    @staticmethod
+    def _exits(u: Uneven, ends, loop: Location | None, locations: list) -> str:
+        """The loop's conditional exits (``if ...: break``), named when ranks with fewer steps left
+        it normally: the usual cause is a condition on a per-rank value (early stopping on the
+        rank's own loss or metric). Which exit a rank took is not recorded, so all are listed."""
+        if loop is None:
+            return ""
+        left = [r for r in u.short if ends[r].how == "normal"]
+        exits = [e for e in loop_exits(loop.file, loop.line) if e[2]][:3] if left else []
+        if not exits:
+            return ""
+        base = os.path.basename(loop.file)
+        listed = "; ".join(f"{base}:{e[0]} `{e[1]}` under {base}:{e[2]} `{e[3]}`" for e in exits)
+        for e in exits:
+            locations.append(Location(left[0], loop.file, e[2], "", e[3], "condition"))
+            locations.append(Location(left[0], loop.file, e[0], "", e[1], "exit"))
+        return (f" The loop at {base}:{loop.line} has conditional exits ({listed}): if {fmt(left)} took "
+                "one, its condition was met there first. A condition on a value each rank computes "
+                "alone (its own loss or validation metric, a count of its own batches) is met at "
+                "different steps on different ranks: decide on a value all-reduced or broadcast "
+                "from one rank, so that every rank leaves at the same step.")
 
     @staticmethod
     def _ending(e) -> str:
