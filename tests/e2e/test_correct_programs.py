@@ -14,7 +14,8 @@ PROGRAMS = ROOT / "tests" / "e2e" / "correct_programs"
 
 
 @pytest.mark.parametrize("program", ["ddp_training.py", "subgroups_p2p.py", "join_uneven.py", "silent_ok.py",
-                                     "uneven_data.py", "grads_ok.py", "optim_wrappers.py"])
+                                     "uneven_data.py", "grads_ok.py", "optim_wrappers.py",
+                                     "pipeline_schedule.py"])
 def test_correct_program_has_no_error(tmp_path, program):
     out = tmp_path / "trace"
     res = trace(torchrun(PROGRAMS / program), out, "--hang-timeout", "20", timeout=120)

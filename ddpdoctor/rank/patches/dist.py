@@ -404,6 +404,8 @@ def _make_batch(orig):
         rec = rec_get()
         if rec is None or not rec.enabled or getattr(rec.local, "depth", 0) or _compiling():
             return orig(p2p_op_list, *args, **kwargs)
+        if _get_ident() in rec.inflight:  # send_object_list(use_batch=True): the outer call is the event
+            return orig(p2p_op_list, *args, **kwargs)
         site, tags = -1, []
         try:
             site = rec.sites.current(2)
@@ -474,6 +476,8 @@ def _patch_work_wait() -> None:
         op, gname, seq, site = info[:4]
         tag = info[4] if len(info) > 4 and info[4] else f'"s":{seq}'
         tid = threading.get_ident()
+        if tid in rec.inflight:  # inside another recorded call: that call is the event, and its
+            return orig(self, *args, **kwargs)  # in-flight entry must stay until it returns
         start = rec.now_us()
         rec.inflight[tid] = (op + ".wait", gname, seq, site, start)
         try:
