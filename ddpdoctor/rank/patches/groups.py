@@ -56,6 +56,11 @@ def _after_init(rec, timeout_s: float | None, agree_run_id: bool = True) -> None
     if agree_run_id:
         _agree_run_id(rec)
     backend = str(dist.get_backend())
+    if backend == "undefined":  # init_process_group() without a backend: one per device type
+        try:
+            backend = str(dist.get_backend_config())  # e.g. "cpu:gloo,cuda:nccl"
+        except Exception:
+            pass
     rank, world = dist.get_rank(), dist.get_world_size()
     rec.open_trace(rank, world, backend, timeout_s)
     rec.group_names[id(pg)] = "0"
@@ -74,9 +79,35 @@ def _after_init(rec, timeout_s: float | None, agree_run_id: bool = True) -> None
         fileaudit.install(rec)
 
 
+def _rebinding(set_fn):
+    """``set_fn`` that also replaces the function in the torch modules that imported it by name
+    before ddpdoctor patched it: ``torch.distributed.device_mesh`` binds ``init_process_group``
+    while ``import torch`` runs, and ``init_device_mesh`` initialises the job through it. Limited
+    to the process-group life cycle: which collectives torch's own modules issue, and how, is
+    what the collective wrappers already see through ``torch.distributed``."""
+    import sys
+
+    from torch.distributed import distributed_c10d as c10d
+
+    def set_and_rebind(name: str, new) -> None:
+        orig = getattr(c10d, name, None)
+        set_fn(name, new)
+        if orig is None:
+            return
+        for mod_name, mod in list(sys.modules.items()):
+            if mod is not None and mod_name.startswith("torch.") and getattr(mod, name, None) is orig:
+                try:
+                    setattr(mod, name, new)
+                except (AttributeError, TypeError):
+                    pass
+
+    return set_and_rebind
+
+
 def patch(set_fn, mark: str) -> None:
     from torch.distributed import distributed_c10d as c10d
 
+    set_fn = _rebinding(set_fn)
     rec_get = recorder_mod.get
     orig_init = c10d.init_process_group
     if not getattr(orig_init, mark, False):
