@@ -19,4 +19,4 @@ def test_init_device_mesh_job_is_traced(tmp_path):
         recs = read_records(out, rank)
         init = [r for r in recs if r["t"] == "init"]
         assert len(init) == 1 and "gloo" in init[0]["backend"], init
-        assert [r["op"] for r in recs if r.get("op") == "all_reduce"] == ["all_reduce"]
+        assert [r["op"] for r in recs if r["t"] == "c" and r.get("op") == "all_reduce"] == ["all_reduce"]
