@@ -14,8 +14,9 @@
  * itself where an object is not of the plain type this file relies on (nothing has been done
  * yet at that point, so the Python wrapper redoing the checks changes nothing).
  *
- * The argument key is still computed by fastpath's generated Python key function: one
- * Python call, which keeps one definition of what decides a record.
+ * The argument key of a call without keyword arguments (`all_reduce(t)`) is built here, from
+ * the plan fastpath.key_function generates with its Python key function (the same tuple);
+ * other calls are keyed by that Python function.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,17 +31,24 @@
 enum { H_REC, H_G, H_OP, H_INSEQ, H_SITE, H_HEAD, H_MID, H_TAIL, H_SLOT_TAIL, H_ASYNC, H_WTAG,
        H_ENT, H_CODE, H_N };
 
-static PyObject *s_recorder, *s_enabled, *s_local, *s_depth, *s_flag, *s_inflight, *s_ddp_refs,
+#define MAXPLAN 8 /* branches of a key plan, and terms of one (torch's signatures: <= 6) */
+
+static PyObject *s_shape, *s_dtype, *s_device, *s_recorder, *s_enabled, *s_local, *s_depth, *s_flag, *s_inflight, *s_ddp_refs,
     *s_seq, *s_t0_ns, *s_slot, *s__mm, *s_writer, *s_mm, *s_write, *s_emit_bytes, *s_events,
-    *s_last_event, *s_internal_error, *empty_kwargs;
+    *s_last_event, *s_internal_error;
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *dict; /* functools.wraps sets __name__, __wrapped__... here */
-    PyObject *orig, *fastkey, *general, *fast, *dyn, *tc, *failed, *track_async, *recmod,
+    PyObject *orig, *fastkey, *general, *fast, *tc, *failed, *track_async, *recmod,
         *python, *perf_ns;
     int reducing;
+    /* fastpath.key_function's plan: for a call with n positional arguments and no keyword
+     * arguments, term i of the key is args[pos[n][i]], read as kind[n][i] (0: its shape, dtype
+     * and device; 1: its identity; 2: itself). nplan 0: no plan, the Python key function. */
+    int nplan;
+    signed char plen[MAXPLAN], pos[MAXPLAN][MAXPLAN], kind[MAXPLAN][MAXPLAN];
 } Wrapper;
 
 /* ---- small helpers ---------------------------------------------------------------------- */
@@ -142,7 +150,10 @@ static long frame_lasti(PyFrameObject *f) {
 /* ---- the call --------------------------------------------------------------------------- */
 
 /* Whether the Python wrapper would record this call: rec is not None and rec.enabled and not
- * rec.local.depth and not dyn() and not tc._is_compiling_flag (in that order). 1, 0 or -1. */
+ * rec.local.depth and not tc._is_compiling_flag (in that order). 1, 0 or -1.
+ * Not dyn() (torch.compiler.is_dynamo_compiling): it returns False whenever it runs, Dynamo
+ * folds it to True in the bytecode it traces, and Dynamo never runs a C callable while tracing
+ * (it breaks the graph, and the call then runs eagerly). A Python call saved (~370 instr.). */
 static int tracing(Wrapper *w, PyObject *rec) {
     if (rec == Py_None)
         return 0;
@@ -154,13 +165,6 @@ static int tracing(Wrapper *w, PyObject *rec) {
         return -1;
     r = truthy_attr(local, s_depth);
     Py_DECREF(local);
-    if (r != 0)
-        return r < 0 ? -1 : 0;
-    PyObject *d = PyObject_CallNoArgs(w->dyn);
-    if (d == NULL)
-        return -1;
-    r = PyObject_IsTrue(d);
-    Py_DECREF(d);
     if (r != 0)
         return r < 0 ? -1 : 0;
     r = truthy_attr(w->tc, s_flag);
@@ -189,9 +193,56 @@ fail:
     return -1;
 }
 
-/* The key of fastpath.key_function for this call from `frame`, or None where the arguments
- * cannot be keyed (AttributeError/TypeError: the general path then handles the call). */
-static PyObject *call_key(Wrapper *w, PyFrameObject *frame, PyObject *argt, PyObject *kw) {
+/* The key of a call with n positional arguments and no keyword arguments from its plan:
+ * (code, lasti, caller's lasti, n, terms...), the tuple the Python key function returns.
+ * Steals nothing; NULL with an error set (AttributeError for an argument that is no tensor). */
+static PyObject *plan_key(Wrapper *w, PyObject *const *args, Py_ssize_t n, PyObject *head[3]) {
+    Py_ssize_t size = 4;
+    for (int i = 0; i < w->plen[n]; i++)
+        size += w->kind[n][i] == 0 ? 3 : 1;
+    PyObject *key = PyTuple_New(size), *v;
+    if (key == NULL)
+        return NULL;
+    for (int i = 0; i < 3; i++) {
+        Py_INCREF(head[i]);
+        PyTuple_SET_ITEM(key, i, head[i]);
+    }
+    if ((v = PyLong_FromSsize_t(n)) == NULL)
+        goto fail;
+    PyTuple_SET_ITEM(key, 3, v);
+    Py_ssize_t j = 4;
+    for (int i = 0; i < w->plen[n]; i++) {
+        PyObject *arg = args[(int)w->pos[n][i]];
+        if (w->kind[n][i] == 0) { /* a tensor: what its description depends on */
+            PyObject *names[3] = {s_shape, s_dtype, s_device};
+            for (int k = 0; k < 3; k++) {
+                if ((v = PyObject_GetAttr(arg, names[k])) == NULL)
+                    goto fail;
+                PyTuple_SET_ITEM(key, j++, v);
+            }
+            continue;
+        }
+        if (w->kind[n][i] == 1) { /* a pybind enum hashes through Python: its identity */
+            if ((v = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash(arg))) == NULL)
+                goto fail;
+        } else {
+            v = arg;
+            Py_INCREF(v);
+        }
+        PyTuple_SET_ITEM(key, j++, v);
+    }
+    return key;
+fail:
+    Py_DECREF(key);
+    return NULL;
+}
+
+/* The cache key of this call from `frame` (fastpath.key_function), or None where the arguments
+ * cannot be keyed (AttributeError/TypeError: the general path then handles the call).
+ * *argt and *kw: the call's arguments as a tuple and a dict, made here when the Python key
+ * function needs them. */
+static PyObject *call_key(Wrapper *w, PyFrameObject *frame, PyObject *const *args,
+                          Py_ssize_t nargs, PyObject *kwnames, PyObject **argt, PyObject **kw) {
     PyCodeObject *code = PyFrame_GetCode(frame);
     /* object.__hash__ of the code, as fastpath's key and dist.general (fkey[0]) expect */
     PyObject *ident = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash((PyObject *)code));
@@ -202,8 +253,14 @@ static PyObject *call_key(Wrapper *w, PyFrameObject *frame, PyObject *argt, PyOb
     Py_XDECREF(back);
     PyObject *key = NULL;
     if (ident != NULL && a != NULL && b != NULL) {
-        PyObject *kargs[5] = {argt, kw, ident, a, b};
-        key = PyObject_Vectorcall(w->fastkey, kargs, 5, NULL);
+        int nokw = kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0;
+        if (nokw && nargs < w->nplan) {
+            PyObject *head[3] = {ident, a, b};
+            key = plan_key(w, args, nargs, head);
+        } else if (*argt != NULL || pack(args, nargs, kwnames, argt, kw) == 0) {
+            PyObject *kargs[5] = {*argt, *kw, ident, a, b};
+            key = PyObject_Vectorcall(w->fastkey, kargs, 5, NULL);
+        }
         if (key == NULL && (PyErr_ExceptionMatches(PyExc_AttributeError) ||
                             PyErr_ExceptionMatches(PyExc_TypeError))) {
             PyErr_Clear();
@@ -228,6 +285,27 @@ static int usable(PyObject *hit) {
            PyBytes_Check(PyTuple_GET_ITEM(hit, H_SLOT_TAIL)) && PyTuple_Check(ent) &&
            PyTuple_GET_SIZE(ent) >= 3 && PyUnicode_Check(PyTuple_GET_ITEM(ent, 1)) &&
            PyUnicode_Check(PyTuple_GET_ITEM(ent, 2));
+}
+
+/* A tuple of n objects, the last `own` of them stolen (new ints); NULL if any is NULL.
+ * Py_BuildValue parses its format at every call: ~4x the instructions. */
+static PyObject *tuple_of(int n, int own, PyObject **items) {
+    PyObject *t = NULL;
+    for (int i = 0; i < n; i++)
+        if (items[i] == NULL)
+            goto out;
+    if ((t = PyTuple_New(n)) == NULL)
+        goto out;
+    for (int i = 0; i < n; i++) {
+        if (i < n - own)
+            Py_INCREF(items[i]);
+        PyTuple_SET_ITEM(t, i, items[i]);
+    }
+    return t;
+out:
+    for (int i = n - own; i < n; i++)
+        Py_XDECREF(items[i]);
+    return NULL;
 }
 
 /* Concatenate pieces into dst. */
@@ -298,7 +376,8 @@ static int after(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight, P
         PyObject *mm = PyObject_GetAttr(writer, s_mm);
         Py_DECREF(writer);
         if (mm != NULL) {
-            r = PyObject_CallMethodOneArg(mm, s_write, data);
+            r = PyObject_VectorcallMethod(s_write, (PyObject *[]){mm, data},
+                                          2, NULL);
             Py_DECREF(mm);
         }
     }
@@ -325,7 +404,7 @@ static int after(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight, P
         return -1;
     PyObject *op = PyTuple_GET_ITEM(hit, H_OP), *g = PyTuple_GET_ITEM(hit, H_G);
     PyObject *site = PyTuple_GET_ITEM(hit, H_SITE);
-    PyObject *last = Py_BuildValue("(OOOOL)", op, g, iseq, site, ts + dur);
+    PyObject *last = tuple_of(5, 1, (PyObject *[]){op, g, iseq, site, PyLong_FromLongLong(ts + dur)});
     if (last == NULL)
         return -1;
     rc = PyObject_SetAttr(rec, s_last_event, last);
@@ -355,7 +434,8 @@ static PyObject *call_failed(Wrapper *w, PyObject *rec, PyObject *hit, PyObject 
     PyObject *ent = PyTuple_GET_ITEM(hit, H_ENT), *g = PyTuple_GET_ITEM(hit, H_G);
     PyObject *begin = PyUnicode_FromFormat("%U%lld%U,\"ts\":%lld", PyTuple_GET_ITEM(ent, 1), seq,
                                            PyTuple_GET_ITEM(ent, 2), ts);
-    PyObject *key = Py_BuildValue("(OOOL)", PyTuple_GET_ITEM(hit, H_OP), g, iseq, ts);
+    PyObject *key = tuple_of(4, 1, (PyObject *[]){PyTuple_GET_ITEM(hit, H_OP), g, iseq,
+                                                 PyLong_FromLongLong(ts)});
     PyObject *st = PyLong_FromLongLong(start), *r = NULL;
     if (begin != NULL && key != NULL && st != NULL) {
         PyObject *fargs[6] = {rec, exc, begin, PyTuple_GET_ITEM(hit, H_SITE), st, key};
@@ -420,8 +500,9 @@ static PyObject *record_hit(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *
         return NULL;
     PyObject *iseq = PyLong_FromLongLong(in_seq ? seq : 0);
     PyObject *entry = iseq == NULL ? NULL
-                                   : Py_BuildValue("(OOOOL)", PyTuple_GET_ITEM(hit, H_OP), g, iseq,
-                                                   PyTuple_GET_ITEM(hit, H_SITE), ts);
+                                   : tuple_of(5, 1, (PyObject *[]){PyTuple_GET_ITEM(hit, H_OP), g, iseq,
+                                                                   PyTuple_GET_ITEM(hit, H_SITE),
+                                                                   PyLong_FromLongLong(ts)});
     if (entry == NULL || PyDict_SetItem(inflight, tid, entry) < 0) { /* the watchdog's view */
         Py_XDECREF(entry);
         Py_XDECREF(iseq);
@@ -485,15 +566,12 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
             result = PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
         goto done;
     }
-    if (pack(args, nargs, kwnames, &argt, &kw) < 0)
-        goto done;
     if (w->fastkey != Py_None) {
         r = w->reducing ? truthy_attr(rec, s_ddp_refs) : 0; /* (ddp_overlap: general) */
         if (r < 0)
             goto done;
         if (!r) {
-            key = call_key(w, (PyFrameObject *)frame, argt,
-                           kwnames == NULL ? empty_kwargs : kw);
+            key = call_key(w, (PyFrameObject *)frame, args, nargs, kwnames, &argt, &kw);
             if (key == NULL)
                 goto done;
             if (key != Py_None) {
@@ -511,6 +589,8 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
     }
     if (hit == NULL || !PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) < H_N ||
         PyTuple_GET_ITEM(hit, H_REC) != rec) {
+        if (argt == NULL && pack(args, nargs, kwnames, &argt, &kw) < 0)
+            goto done;
         PyObject *gargs[7] = {rec, tid, frame, key == NULL ? Py_None : key, w->fast, argt, kw};
         result = PyObject_Vectorcall(w->general, gargs, 7, NULL);
         goto done;
@@ -547,7 +627,6 @@ static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
     Py_VISIT(w->fastkey);
     Py_VISIT(w->general);
     Py_VISIT(w->fast);
-    Py_VISIT(w->dyn);
     Py_VISIT(w->tc);
     Py_VISIT(w->failed);
     Py_VISIT(w->track_async);
@@ -563,7 +642,6 @@ static int wrapper_clear(Wrapper *w) {
     Py_CLEAR(w->fastkey);
     Py_CLEAR(w->general);
     Py_CLEAR(w->fast);
-    Py_CLEAR(w->dyn);
     Py_CLEAR(w->tc);
     Py_CLEAR(w->failed);
     Py_CLEAR(w->track_async);
@@ -609,17 +687,42 @@ static PyTypeObject WrapperType = {
     .tp_dealloc = (destructor)wrapper_dealloc,
 };
 
+/* Copy fastpath.key_function's plan ((position, kind) pairs per number of positional
+ * arguments) into w; 0 where it does not fit (the Python key function is then used), -1 on
+ * error. */
+static int read_plan(Wrapper *w, PyObject *plan) {
+    if (!PyTuple_Check(plan) || PyTuple_GET_SIZE(plan) > MAXPLAN)
+        return 0;
+    for (Py_ssize_t n = 0; n < PyTuple_GET_SIZE(plan); n++) {
+        PyObject *terms = PyTuple_GET_ITEM(plan, n);
+        if (!PyTuple_Check(terms) || PyTuple_GET_SIZE(terms) > MAXPLAN)
+            return 0;
+        w->plen[n] = (signed char)PyTuple_GET_SIZE(terms);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(terms); i++) {
+            int p, k;
+            if (!PyArg_ParseTuple(PyTuple_GET_ITEM(terms, i), "ii", &p, &k))
+                return -1;
+            if (p < 0 || p >= n || k < 0 || k > 2)
+                return 0; /* a term beyond the call's arguments: not a plan this file reads */
+            w->pos[n][i] = (signed char)p;
+            w->kind[n][i] = (signed char)k;
+        }
+    }
+    return (int)PyTuple_GET_SIZE(plan);
+}
+
 static PyObject *make(PyObject *module, PyObject *args) {
     Wrapper *w = PyObject_GC_New(Wrapper, &WrapperType);
     if (w == NULL)
         return NULL;
     w->vectorcall = wrapper_vectorcall;
-    w->dict = w->orig = w->fastkey = w->general = w->fast = w->dyn = w->tc = w->failed = NULL;
+    w->dict = w->orig = w->fastkey = w->general = w->fast = w->tc = w->failed = NULL;
     w->track_async = w->recmod = w->python = w->perf_ns = NULL;
+    PyObject *plan;
     if (!PyArg_ParseTuple(args, "OOOO!pOOOOOOO:make", &w->orig, &w->fastkey, &w->general,
-                          &PyDict_Type, &w->fast, &w->reducing, &w->dyn, &w->tc, &w->failed,
-                          &w->track_async, &w->recmod, &w->python, &w->perf_ns)) {
-        w->orig = w->fastkey = w->general = w->fast = w->dyn = w->tc = w->failed = NULL;
+                          &PyDict_Type, &w->fast, &w->reducing, &w->tc, &w->failed,
+                          &w->track_async, &w->recmod, &w->python, &w->perf_ns, &plan)) {
+        w->orig = w->fastkey = w->general = w->fast = w->tc = w->failed = NULL;
         w->track_async = w->recmod = w->python = w->perf_ns = NULL;
         Py_DECREF(w);
         return NULL;
@@ -628,21 +731,25 @@ static PyObject *make(PyObject *module, PyObject *args) {
     Py_INCREF(w->fastkey);
     Py_INCREF(w->general);
     Py_INCREF(w->fast);
-    Py_INCREF(w->dyn);
     Py_INCREF(w->tc);
     Py_INCREF(w->failed);
     Py_INCREF(w->track_async);
     Py_INCREF(w->recmod);
     Py_INCREF(w->python);
     Py_INCREF(w->perf_ns);
+    w->nplan = read_plan(w, plan);
+    if (w->nplan < 0) {
+        Py_DECREF(w);
+        return NULL;
+    }
     PyObject_GC_Track(w);
     return (PyObject *)w;
 }
 
 static PyMethodDef methods[] = {
     {"make", make, METH_VARARGS,
-     "make(orig, fastkey, general, fast, reducing, dyn, tc, failed, track_async, recorder_module,"
-     " python_wrapper, perf_counter_ns) -> Wrapper: see fastpath.make_wrapper."},
+     "make(orig, fastkey, general, fast, reducing, tc, failed, track_async, recorder_module,"
+     " python_wrapper, perf_counter_ns, key_plan) -> Wrapper: see fastpath.make_wrapper."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -658,6 +765,9 @@ PyMODINIT_FUNC PyInit__fastcall(void) {
 #define INTERN(var, text)                                   \
     if ((var = PyUnicode_InternFromString(text)) == NULL) \
         return NULL;
+    INTERN(s_shape, "shape");
+    INTERN(s_dtype, "dtype");
+    INTERN(s_device, "device");
     INTERN(s_recorder, "_recorder");
     INTERN(s_enabled, "enabled");
     INTERN(s_local, "local");
@@ -677,8 +787,6 @@ PyMODINIT_FUNC PyInit__fastcall(void) {
     INTERN(s_last_event, "last_event");
     INTERN(s_internal_error, "internal_error");
 #undef INTERN
-    if ((empty_kwargs = PyDict_New()) == NULL)
-        return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     Py_INCREF(&WrapperType);
     if (m != NULL && PyModule_AddObject(m, "Wrapper", (PyObject *)&WrapperType) < 0) {

@@ -161,8 +161,8 @@ def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, share
         return result
 
     if _native is not None:  # the same path in C: ~a third of the instructions (bench/README.md)
-        return _native.make(orig, fastkey, general, fast, reducing, dyn, tc, failed, track_async,
-                            recorder_mod, wrapper, _perf_ns)
+        return _native.make(orig, fastkey, general, fast, reducing, tc, failed, track_async,
+                            recorder_mod, wrapper, _perf_ns, getattr(fastkey, "plan", ()))
     return wrapper
 
 
@@ -189,8 +189,10 @@ def key_function(params: list[str], defaults: dict, tensors: tuple, values: tupl
         return v
 
     body = ["def key(args, kwargs, c, a, b):", "    n = len(args)", "    if not kwargs:"]
+    plan = []  # the same branches for the C path (_fastcall.c): (position, 0 tensor/1 identity/2 value)
     for n in range(max([pos[p] for p in keyed if pos[p] < absent], default=-1) + 2):
         terms = [term(p, f"args[{pos[p]}]") for p in keyed if pos[p] < n]
+        plan.append(tuple((pos[p], 0 if p in tensors else 1 if p == "op" else 2) for p in keyed if pos[p] < n))
         cond = "if" if n == 0 else "elif"
         body.append(f"        {cond} n == {n}:")
         body.append(f"            return (c, a, b, {n}, {', '.join(terms)})")
@@ -201,4 +203,5 @@ def key_function(params: list[str], defaults: dict, tensors: tuple, values: tupl
         out.append(term(p, f"v{i}"))
     body.append(f"    return (c, a, b, -1, {', '.join(out)})")
     exec("\n".join(body), names)  # noqa: S102 - source built above from parameter names only
+    names["key"].plan = tuple(plan)
     return names["key"]
