@@ -40,7 +40,6 @@ static PyObject *s_shape, *s_dtype, *s_device, *s_recorder, *s_enabled, *s_local
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *dict; /* functools.wraps sets __name__, __wrapped__... here */
     PyObject *orig, *fastkey, *general, *fast, *tc, *failed, *track_async, *recmod,
         *python, *perf_ns;
     int reducing;
@@ -554,12 +553,11 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
     inflight = PyObject_GetAttr(rec, s_inflight);
     if (tid == NULL || inflight == NULL)
         goto done;
-    frame = (PyObject *)PyEval_GetFrame(); /* the caller's, as the wrapper's f_back */
-    if (!PyDict_CheckExact(inflight) || frame == NULL) {
-        frame = NULL;
+    /* the user's frame: the caller of fastpath's shim, the Python frame that called this */
+    PyFrameObject *shim = PyEval_GetFrame();
+    frame = shim == NULL ? NULL : (PyObject *)PyFrame_GetBack(shim);
+    if (!PyDict_CheckExact(inflight) || frame == NULL)
         goto python;
-    }
-    Py_INCREF(frame);
     r = PyDict_Contains(inflight, tid);
     if (r != 0) { /* inside another recorded call (all_gather_object -> all_gather) */
         if (r > 0)
@@ -622,7 +620,6 @@ done:
 /* ---- the type --------------------------------------------------------------------------- */
 
 static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
-    Py_VISIT(w->dict);
     Py_VISIT(w->orig);
     Py_VISIT(w->fastkey);
     Py_VISIT(w->general);
@@ -637,7 +634,6 @@ static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
 }
 
 static int wrapper_clear(Wrapper *w) {
-    Py_CLEAR(w->dict);
     Py_CLEAR(w->orig);
     Py_CLEAR(w->fastkey);
     Py_CLEAR(w->general);
@@ -657,31 +653,14 @@ static void wrapper_dealloc(Wrapper *w) {
     Py_TYPE(w)->tp_free((PyObject *)w);
 }
 
-/* Bound like a Python function when stored on a class, as the function it replaces is. */
-static PyObject *wrapper_get(PyObject *self, PyObject *obj, PyObject *type) {
-    if (obj == NULL || obj == Py_None) {
-        Py_INCREF(self);
-        return self;
-    }
-    return PyMethod_New(self, obj);
-}
-
-static PyGetSetDef wrapper_getset[] = {
-    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
 static PyTypeObject WrapperType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "ddpdoctor.rank._fastcall.Wrapper",
-    .tp_doc = "A torch.distributed collective, recorded by ddpdoctor (see fastpath.make_wrapper).",
+    .tp_doc = "The C path of a collective's wrapper, called by fastpath.make_wrapper's shim.",
     .tp_basicsize = sizeof(Wrapper),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_vectorcall_offset = offsetof(Wrapper, vectorcall),
     .tp_call = PyVectorcall_Call,
-    .tp_dictoffset = offsetof(Wrapper, dict),
-    .tp_getset = wrapper_getset,
-    .tp_descr_get = wrapper_get,
     .tp_traverse = (traverseproc)wrapper_traverse,
     .tp_clear = (inquiry)wrapper_clear,
     .tp_dealloc = (destructor)wrapper_dealloc,
@@ -716,7 +695,7 @@ static PyObject *make(PyObject *module, PyObject *args) {
     if (w == NULL)
         return NULL;
     w->vectorcall = wrapper_vectorcall;
-    w->dict = w->orig = w->fastkey = w->general = w->fast = w->tc = w->failed = NULL;
+    w->orig = w->fastkey = w->general = w->fast = w->tc = w->failed = NULL;
     w->track_async = w->recmod = w->python = w->perf_ns = NULL;
     PyObject *plan;
     if (!PyArg_ParseTuple(args, "OOOO!pOOOOOOO:make", &w->orig, &w->fastkey, &w->general,

@@ -36,3 +36,11 @@ def test_records_identical_with_native_path_on_and_off(tmp_path):
         calls = [x for x in on[r] if x.get("t") == "c"]
         assert len(calls) > 20 and any("err" in x for x in calls)  # repeat calls, a failing one
         assert on[r] == off[r]
+
+
+def test_collective_in_fullgraph_compile_still_traces(tmp_path):
+    # what torch.distributed exposes stays a Python function Dynamo traces through
+    prog = PROG.parent / "compiled_collective.py"
+    res = trace(torchrun(prog, nproc=1), tmp_path / "trace", "--no-report", env={"DDPDOCTOR_NATIVE": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "result [2.0, 2.0]" in res.stdout

@@ -97,6 +97,7 @@ def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, share
     # (caller's code identity, its instruction offset, its caller's offset, argument key) -> Hit
     fast: dict = {}
     dyn, tc = compiling
+    native = _native
     failed, track_async = shared
 
     def wrapper(*args, **kwargs):
@@ -111,6 +112,8 @@ def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, share
             frame = _resume(None).f_back  # _resume's caller is this frame
         except ValueError:  # another thread is inside the generator right now
             frame = _getframe(1)
+        if native is not None:  # called by the C path, called by `shim`: the user's is further out
+            frame = frame.f_back
         hit = fkey = None
         if fastkey is not None and not (reducing and rec.ddp_refs):  # (ddp_overlap: general)
             try:
@@ -160,10 +163,22 @@ def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, share
             rec.internal_error(exc)
         return result
 
-    if _native is not None:  # the same path in C: ~a third of the instructions (bench/README.md)
-        return _native.make(orig, fastkey, general, fast, reducing, tc, failed, track_async,
-                            recorder_mod, wrapper, _perf_ns, getattr(fastkey, "plan", ()))
-    return wrapper
+    if native is None:
+        return wrapper
+    # The same path in C (rank/_fastcall.c), with `wrapper` for what it does not handle. The
+    # function torch.distributed exposes stays a Python function: Dynamo folds dyn() to True
+    # in what it traces and then traces torch's own function (it cannot trace into C: with the
+    # C object exposed, torch.compile(fullgraph=True) failed on a collective, measured).
+    call = native.make(orig, fastkey, general, fast, reducing, tc, failed, track_async, recorder_mod,
+                       wrapper, _perf_ns, getattr(fastkey, "plan", ()))
+
+    def shim(*args, **kwargs):
+        if dyn():
+            return orig(*args, **kwargs)
+        return call(*args, **kwargs)
+
+    shim._ddpdoctor_native = call  # (tests tell the two paths apart by it)
+    return shim
 
 
 def key_function(params: list[str], defaults: dict, tensors: tuple, values: tuple, absent: int):
