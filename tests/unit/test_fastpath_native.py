@@ -75,6 +75,7 @@ def _build(use_native: bool, monkeypatch, orig):
     fastkey = fastpath.key_function(params, defaults, ("tensor",), ("group", "op", "async_op"),
                                     patch_dist._ABSENT)
     failed_calls: list = []
+    keys: list = []
 
     def failed(rec, exc, begin, site, start, key):
         failed_calls.append((exc, re.sub(r'"ts":\d+', '"ts":T', begin), site, key[:3]))
@@ -82,6 +83,10 @@ def _build(use_native: bool, monkeypatch, orig):
     def general(rec, tid, frame, fkey, fast, args, kwargs):
         # stands in for dist's general path: records nothing, stores the Hit for next time
         rec.general_calls += 1
+        # the key the C path built (from key_function's plan) is the Python key function's
+        b = frame.f_back
+        keys.append((fkey, fastkey(args, kwargs, object.__hash__(frame.f_code), frame.f_lasti,
+                                   -1 if b is None else b.f_lasti)))
         asy = bool(kwargs.get("async_op"))
         ent = ("0", '{"t":"c","op":"all_reduce","g":"0","s":', ',"x":["float32[1]"]',
                ',"async":1' if asy else "", "all_reduce", True, asy, "", None)
@@ -94,6 +99,7 @@ def _build(use_native: bool, monkeypatch, orig):
         _is_compiling_flag=False)), (failed, lambda *a: tracked.append(a[2:])))
     assert isinstance(w, types.FunctionType)  # what torch.distributed exposes: Dynamo traces it
     assert isinstance(getattr(w, "_ddpdoctor_native", None), native.Wrapper) == use_native
+    rec.keys = keys
     return w, rec, failed_calls, tracked
 
 
@@ -121,7 +127,8 @@ def _run(use_native: bool, monkeypatch) -> dict:
     return {"results": results, "slots": [s[0] for s in seen], "inflight": inflight_during,
             "records": [_norm(d) for d in rec.writer.mm.data], "events": rec.events,
             "last": rec.last_event[:4], "seq": rec.seq, "general": rec.general_calls,
-            "after": rec.inflight, "tracked": tracked, "errors": rec.errors}
+            "after": rec.inflight, "tracked": tracked, "errors": rec.errors,
+            "keys_agree": [a == b and a is not None for a, b in rec.keys]}
 
 
 def test_native_records_what_python_records(monkeypatch):
@@ -129,6 +136,7 @@ def test_native_records_what_python_records(monkeypatch):
     c = _run(True, monkeypatch)
     assert c == py
     assert py["general"] == 2 and py["records"] and len(py["slots"]) == 6  # 4 repeat calls
+    assert c["keys_agree"] == [True, True]
     # (the stand-in general path numbers nothing: the repeat calls are 1 to 4)
     assert py["records"][:2] == [
         b'{"t":"c","op":"all_reduce","g":"0","s":1,"x":["float32[1]"],"ts":N,"d":N,"site":7}\n',
