@@ -33,15 +33,20 @@ enum { H_REC, H_G, H_OP, H_INSEQ, H_SITE, H_HEAD, H_MID, H_TAIL, H_SLOT_TAIL, H_
 
 #define MAXPLAN 8 /* branches of a key plan, and terms of one (torch's signatures: <= 6) */
 
-static PyObject *s_shape, *s_dtype, *s_device, *s_recorder, *s_enabled, *s_local, *s_depth, *s_flag, *s_inflight, *s_ddp_refs,
-    *s_seq, *s_t0_ns, *s_slot, *s__mm, *s_writer, *s_mm, *s_write, *s_emit_bytes, *s_events,
+static PyObject *s_shape, *s_dtype, *s_device, *s_recorder, *s_enabled, *s_local, *s_depth,
+    *s_flag, *s_inflight, *s_ddp_refs, *s_seq, *s_t0_ns, *s_slot, *s__mm, *s_writer, *s_mm, *s_write, *s_emit_bytes, *s_events,
     *s_last_event, *s_internal_error;
+
+/* The Python objects a Wrapper holds (see make()), for the X-macros below. */
+#define FIELDS(X)                                                                          \
+    X(orig) X(fastkey) X(general) X(fast) X(tc) X(failed) X(track_async) X(recmod) X(python) \
+    X(perf_ns)
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *orig, *fastkey, *general, *fast, *tc, *failed, *track_async, *recmod,
-        *python, *perf_ns;
+#define DECLARE(f) PyObject *f;
+    FIELDS(DECLARE) /* what make() was given */
     int reducing;
     /* fastpath.key_function's plan: for a call with n positional arguments and no keyword
      * arguments, term i of the key is args[pos[n][i]], read as kind[n][i] (0: its shape, dtype
@@ -619,31 +624,18 @@ done:
 
 /* ---- the type --------------------------------------------------------------------------- */
 
+#define VISIT(f) Py_VISIT(w->f);
+#define CLEAR(f) Py_CLEAR(w->f);
+#define NULLIFY(f) w->f = NULL;
+#define INCREF(f) Py_INCREF(w->f);
+
 static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
-    Py_VISIT(w->orig);
-    Py_VISIT(w->fastkey);
-    Py_VISIT(w->general);
-    Py_VISIT(w->fast);
-    Py_VISIT(w->tc);
-    Py_VISIT(w->failed);
-    Py_VISIT(w->track_async);
-    Py_VISIT(w->recmod);
-    Py_VISIT(w->python);
-    Py_VISIT(w->perf_ns);
+    FIELDS(VISIT)
     return 0;
 }
 
 static int wrapper_clear(Wrapper *w) {
-    Py_CLEAR(w->orig);
-    Py_CLEAR(w->fastkey);
-    Py_CLEAR(w->general);
-    Py_CLEAR(w->fast);
-    Py_CLEAR(w->tc);
-    Py_CLEAR(w->failed);
-    Py_CLEAR(w->track_async);
-    Py_CLEAR(w->recmod);
-    Py_CLEAR(w->python);
-    Py_CLEAR(w->perf_ns);
+    FIELDS(CLEAR)
     return 0;
 }
 
@@ -695,27 +687,16 @@ static PyObject *make(PyObject *module, PyObject *args) {
     if (w == NULL)
         return NULL;
     w->vectorcall = wrapper_vectorcall;
-    w->orig = w->fastkey = w->general = w->fast = w->tc = w->failed = NULL;
-    w->track_async = w->recmod = w->python = w->perf_ns = NULL;
+    FIELDS(NULLIFY)
     PyObject *plan;
     if (!PyArg_ParseTuple(args, "OOOO!pOOOOOOO:make", &w->orig, &w->fastkey, &w->general,
                           &PyDict_Type, &w->fast, &w->reducing, &w->tc, &w->failed,
                           &w->track_async, &w->recmod, &w->python, &w->perf_ns, &plan)) {
-        w->orig = w->fastkey = w->general = w->fast = w->tc = w->failed = NULL;
-        w->track_async = w->recmod = w->python = w->perf_ns = NULL;
+        FIELDS(NULLIFY) /* borrowed until parsed */
         Py_DECREF(w);
         return NULL;
     }
-    Py_INCREF(w->orig);
-    Py_INCREF(w->fastkey);
-    Py_INCREF(w->general);
-    Py_INCREF(w->fast);
-    Py_INCREF(w->tc);
-    Py_INCREF(w->failed);
-    Py_INCREF(w->track_async);
-    Py_INCREF(w->recmod);
-    Py_INCREF(w->python);
-    Py_INCREF(w->perf_ns);
+    FIELDS(INCREF)
     w->nplan = read_plan(w, plan);
     if (w->nplan < 0) {
         Py_DECREF(w);
