@@ -22,6 +22,7 @@ The record keeps the general path's field order (``s`` first, then ``ts``, ``d``
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -69,6 +70,21 @@ def make_hit(rec, ent: tuple, site: int, code) -> Hit | None:
     return Hit(rec, ent[0], ent[4], ent[5], site, head, mid, tail, slot_tail, ent[6], ent[7], ent, code)
 
 
+def _load_native():
+    """The C repeat-call path (rank/_fastcall.c), or None: not built (no compiler at install
+    time) or turned off with ``DDPDOCTOR_NATIVE=0``; the Python ``wrapper`` is then used."""
+    if os.environ.get("DDPDOCTOR_NATIVE", "1").strip() == "0":
+        return None
+    try:
+        from .. import _fastcall
+    except ImportError:
+        return None
+    return _fastcall
+
+
+_native = _load_native()
+
+
 def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, shared: tuple):
     """The wrapper of collective ``orig``: a repeat call from a known site with arguments of a
     known shape is recorded here from its ``Hit``; any other goes to ``general(rec, tid, frame,
@@ -81,6 +97,7 @@ def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, share
     # (caller's code identity, its instruction offset, its caller's offset, argument key) -> Hit
     fast: dict = {}
     dyn, tc = compiling
+    native = _native
     failed, track_async = shared
 
     def wrapper(*args, **kwargs):
@@ -95,6 +112,8 @@ def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, share
             frame = _resume(None).f_back  # _resume's caller is this frame
         except ValueError:  # another thread is inside the generator right now
             frame = _getframe(1)
+        if native is not None:  # called by the C path, called by `shim`: the user's is further out
+            frame = frame.f_back
         hit = fkey = None
         if fastkey is not None and not (reducing and rec.ddp_refs):  # (ddp_overlap: general)
             try:
@@ -144,7 +163,22 @@ def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, share
             rec.internal_error(exc)
         return result
 
-    return wrapper
+    if native is None:
+        return wrapper
+    # The same path in C (rank/_fastcall.c), with `wrapper` for what it does not handle. The
+    # function torch.distributed exposes stays a Python function: Dynamo folds dyn() to True
+    # in what it traces and then traces torch's own function (it cannot trace into C: with the
+    # C object exposed, torch.compile(fullgraph=True) failed on a collective, measured).
+    call = native.make(orig, fastkey, general, fast, reducing, tc, failed, track_async, recorder_mod,
+                       wrapper, _perf_ns, getattr(fastkey, "plan", ()))
+
+    def shim(*args, **kwargs):
+        if dyn():
+            return orig(*args, **kwargs)
+        return call(*args, **kwargs)
+
+    shim._ddpdoctor_native = call  # (tests tell the two paths apart by it)
+    return shim
 
 
 def key_function(params: list[str], defaults: dict, tensors: tuple, values: tuple, absent: int):
@@ -170,8 +204,10 @@ def key_function(params: list[str], defaults: dict, tensors: tuple, values: tupl
         return v
 
     body = ["def key(args, kwargs, c, a, b):", "    n = len(args)", "    if not kwargs:"]
+    plan = []  # the same branches for the C path (_fastcall.c): (position, 0 tensor/1 identity/2 value)
     for n in range(max([pos[p] for p in keyed if pos[p] < absent], default=-1) + 2):
         terms = [term(p, f"args[{pos[p]}]") for p in keyed if pos[p] < n]
+        plan.append(tuple((pos[p], 0 if p in tensors else 1 if p == "op" else 2) for p in keyed if pos[p] < n))
         cond = "if" if n == 0 else "elif"
         body.append(f"        {cond} n == {n}:")
         body.append(f"            return (c, a, b, {n}, {', '.join(terms)})")
@@ -182,4 +218,5 @@ def key_function(params: list[str], defaults: dict, tensors: tuple, values: tupl
         out.append(term(p, f"v{i}"))
     body.append(f"    return (c, a, b, -1, {', '.join(out)})")
     exec("\n".join(body), names)  # noqa: S102 - source built above from parameter names only
+    names["key"].plan = tuple(plan)
     return names["key"]

@@ -1,0 +1,757 @@
+/* The repeat-call path of ddpdoctor's collective wrappers in C (rank/patches/fastpath.py).
+ *
+ * Why C: the Python fast path (fastpath.make_wrapper's `wrapper`) was already a dict lookup,
+ * two clock reads, two bytes formattings and two stores, yet cost ~28k instructions per
+ * one-element all_reduce next to the ~62k of the call itself (callgrind), spread over ~270
+ * bytecodes: the interpreter's own cost, with no hot spot left to remove in Python.
+ *
+ * What is here: `Wrapper`, a callable (vectorcall) that does exactly what `wrapper` does for a
+ * call whose (call site, argument key) already has a `Hit`: the same checks in the same order,
+ * the same in-flight slot bytes stored before the call, the same `rec.inflight` entry during it,
+ * the same record bytes written after it, the same `failed(...)` on an exception (re-raised
+ * unchanged) and the same async tracking. Everything else goes where the Python wrapper sends
+ * it: `orig` (not tracing, nested, compiling), `general(...)` (a miss), or the Python wrapper
+ * itself where an object is not of the plain type this file relies on (nothing has been done
+ * yet at that point, so the Python wrapper redoing the checks changes nothing).
+ *
+ * The argument key of a call without keyword arguments (`all_reduce(t)`) is built here, from
+ * the plan fastpath.key_function generates with its Python key function (the same tuple);
+ * other calls are keyed by that Python function.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <string.h>
+#include <time.h>
+#if PY_VERSION_HEX < 0x030B0000
+#include <frameobject.h> /* f_lasti before PyFrame_GetLasti (3.11) */
+#endif
+
+/* Hit's fields (fastpath.Hit, a NamedTuple: read by index). */
+enum { H_REC, H_G, H_OP, H_INSEQ, H_SITE, H_HEAD, H_MID, H_TAIL, H_SLOT_TAIL, H_ASYNC, H_WTAG,
+       H_ENT, H_CODE, H_N };
+
+#define MAXPLAN 8 /* branches of a key plan, and terms of one (torch's signatures: <= 6) */
+
+static PyObject *s_shape, *s_dtype, *s_device, *s_recorder, *s_enabled, *s_local, *s_depth,
+    *s_flag, *s_inflight, *s_ddp_refs, *s_seq, *s_t0_ns, *s_slot, *s__mm, *s_writer, *s_mm, *s_write, *s_emit_bytes, *s_events,
+    *s_last_event, *s_internal_error;
+
+/* The Python objects a Wrapper holds (see make()), for the X-macros below. */
+#define FIELDS(X)                                                                          \
+    X(orig) X(fastkey) X(general) X(fast) X(tc) X(failed) X(track_async) X(recmod) X(python) \
+    X(perf_ns)
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+#define DECLARE(f) PyObject *f;
+    FIELDS(DECLARE) /* what make() was given */
+    int reducing;
+    /* fastpath.key_function's plan: for a call with n positional arguments and no keyword
+     * arguments, term i of the key is args[pos[n][i]], read as kind[n][i] (0: its shape, dtype
+     * and device; 1: its identity; 2: itself). nplan 0: no plan, the Python key function. */
+    int nplan;
+    signed char plen[MAXPLAN], pos[MAXPLAN][MAXPLAN], kind[MAXPLAN][MAXPLAN];
+} Wrapper;
+
+/* ---- small helpers ---------------------------------------------------------------------- */
+
+/* The current exception as one normalized object with its traceback; the error is cleared. */
+static PyObject *take_exc(void) {
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyErr_NormalizeException(&t, &v, &tb);
+    if (tb != NULL && v != NULL)
+        PyException_SetTraceback(v, tb);
+    Py_XDECREF(t);
+    Py_XDECREF(tb);
+    return v;
+#endif
+}
+
+/* Raise `exc` again, unchanged (steals the reference). */
+static void give_exc(PyObject *exc) {
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(exc);
+#else
+    PyObject *t = (PyObject *)Py_TYPE(exc);
+    Py_INCREF(t);
+    PyErr_Restore(t, exc, PyException_GetTraceback(exc));
+#endif
+}
+
+/* time.perf_counter_ns(): the clock of rec.t0_ns and of dist._failed's durations. */
+static int perf_ns(Wrapper *w, long long *out) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyTime_t t;
+    if (PyTime_PerfCounter(&t) < 0)
+        return -1;
+    *out = (long long)t;
+    return 0;
+#elif defined(__linux__)
+    /* CPython's perf_counter on Linux is CLOCK_MONOTONIC, in nanoseconds */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    *out = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    return 0;
+#else
+    PyObject *r = PyObject_CallNoArgs(w->perf_ns);
+    if (r == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+#endif
+}
+
+/* Python's a // 1000 (floor, also for a negative a). */
+static long long us(long long ns) {
+    long long q = ns / 1000;
+    return (ns % 1000 != 0 && ns < 0) ? q - 1 : q;
+}
+
+/* Decimal digits of v, as b"%d" writes them, into buf (>= 21 bytes); returns the length. */
+static Py_ssize_t digits(char *buf, long long v) {
+    char tmp[24];
+    int n = 0;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    Py_ssize_t len = 0;
+    if (v < 0)
+        buf[len++] = '-';
+    while (n)
+        buf[len++] = tmp[--n];
+    return len;
+}
+
+static int truthy_attr(PyObject *o, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* frame.f_lasti as Python reads it (the key's instruction offsets). */
+static long frame_lasti(PyFrameObject *f) {
+#if PY_VERSION_HEX >= 0x030B0000
+    return (long)PyFrame_GetLasti(f);
+#elif PY_VERSION_HEX >= 0x030A0000
+    return f->f_lasti < 0 ? -1 : (long)f->f_lasti * 2; /* 3.10 counts code units */
+#else
+    return (long)f->f_lasti;
+#endif
+}
+
+/* ---- the call --------------------------------------------------------------------------- */
+
+/* Whether the Python wrapper would record this call: rec is not None and rec.enabled and not
+ * rec.local.depth and not tc._is_compiling_flag (in that order). 1, 0 or -1.
+ * Not dyn() (torch.compiler.is_dynamo_compiling): it returns False whenever it runs, Dynamo
+ * folds it to True in the bytecode it traces, and Dynamo never runs a C callable while tracing
+ * (it breaks the graph, and the call then runs eagerly). A Python call saved (~370 instr.). */
+static int tracing(Wrapper *w, PyObject *rec) {
+    if (rec == Py_None)
+        return 0;
+    int r = truthy_attr(rec, s_enabled);
+    if (r <= 0)
+        return r;
+    PyObject *local = PyObject_GetAttr(rec, s_local);
+    if (local == NULL)
+        return -1;
+    r = truthy_attr(local, s_depth);
+    Py_DECREF(local);
+    if (r != 0)
+        return r < 0 ? -1 : 0;
+    r = truthy_attr(w->tc, s_flag);
+    return r < 0 ? -1 : !r;
+}
+
+/* The call's positional arguments as a tuple and its keyword arguments as a fresh dict. */
+static int pack(PyObject *const *args, Py_ssize_t n, PyObject *kwnames, PyObject **argt,
+                PyObject **kw) {
+    *argt = PyTuple_New(n);
+    *kw = PyDict_New();
+    if (*argt == NULL || *kw == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_INCREF(args[i]);
+        PyTuple_SET_ITEM(*argt, i, args[i]);
+    }
+    Py_ssize_t nk = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < nk; i++)
+        if (PyDict_SetItem(*kw, PyTuple_GET_ITEM(kwnames, i), args[n + i]) < 0)
+            goto fail;
+    return 0;
+fail:
+    Py_CLEAR(*argt);
+    Py_CLEAR(*kw);
+    return -1;
+}
+
+/* The key of a call with n positional arguments and no keyword arguments from its plan:
+ * (code, lasti, caller's lasti, n, terms...), the tuple the Python key function returns.
+ * Steals nothing; NULL with an error set (AttributeError for an argument that is no tensor). */
+static PyObject *plan_key(Wrapper *w, PyObject *const *args, Py_ssize_t n, PyObject *head[3]) {
+    Py_ssize_t size = 4;
+    for (int i = 0; i < w->plen[n]; i++)
+        size += w->kind[n][i] == 0 ? 3 : 1;
+    PyObject *key = PyTuple_New(size), *v;
+    if (key == NULL)
+        return NULL;
+    for (int i = 0; i < 3; i++) {
+        Py_INCREF(head[i]);
+        PyTuple_SET_ITEM(key, i, head[i]);
+    }
+    if ((v = PyLong_FromSsize_t(n)) == NULL)
+        goto fail;
+    PyTuple_SET_ITEM(key, 3, v);
+    Py_ssize_t j = 4;
+    for (int i = 0; i < w->plen[n]; i++) {
+        PyObject *arg = args[(int)w->pos[n][i]];
+        if (w->kind[n][i] == 0) { /* a tensor: what its description depends on */
+            PyObject *names[3] = {s_shape, s_dtype, s_device};
+            for (int k = 0; k < 3; k++) {
+                if ((v = PyObject_GetAttr(arg, names[k])) == NULL)
+                    goto fail;
+                PyTuple_SET_ITEM(key, j++, v);
+            }
+            continue;
+        }
+        if (w->kind[n][i] == 1) { /* a pybind enum hashes through Python: its identity */
+            if ((v = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash(arg))) == NULL)
+                goto fail;
+        } else {
+            v = arg;
+            Py_INCREF(v);
+        }
+        PyTuple_SET_ITEM(key, j++, v);
+    }
+    return key;
+fail:
+    Py_DECREF(key);
+    return NULL;
+}
+
+/* The cache key of this call from `frame` (fastpath.key_function), or None where the arguments
+ * cannot be keyed (AttributeError/TypeError: the general path then handles the call).
+ * *argt and *kw: the call's arguments as a tuple and a dict, made here when the Python key
+ * function needs them. */
+static PyObject *call_key(Wrapper *w, PyFrameObject *frame, PyObject *const *args,
+                          Py_ssize_t nargs, PyObject *kwnames, PyObject **argt, PyObject **kw) {
+    PyCodeObject *code = PyFrame_GetCode(frame);
+    /* object.__hash__ of the code, as fastpath's key and dist.general (fkey[0]) expect */
+    PyObject *ident = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash((PyObject *)code));
+    Py_DECREF(code); /* still alive: the frame holds it, and a Hit keeps it once cached */
+    PyFrameObject *back = PyFrame_GetBack(frame);
+    PyObject *a = PyLong_FromLong(frame_lasti(frame));
+    PyObject *b = PyLong_FromLong(back == NULL ? -1 : frame_lasti(back));
+    Py_XDECREF(back);
+    PyObject *key = NULL;
+    if (ident != NULL && a != NULL && b != NULL) {
+        int nokw = kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0;
+        if (nokw && nargs < w->nplan) {
+            PyObject *head[3] = {ident, a, b};
+            key = plan_key(w, args, nargs, head);
+        } else if (*argt != NULL || pack(args, nargs, kwnames, argt, kw) == 0) {
+            PyObject *kargs[5] = {*argt, *kw, ident, a, b};
+            key = PyObject_Vectorcall(w->fastkey, kargs, 5, NULL);
+        }
+        if (key == NULL && (PyErr_ExceptionMatches(PyExc_AttributeError) ||
+                            PyErr_ExceptionMatches(PyExc_TypeError))) {
+            PyErr_Clear();
+            key = Py_None;
+            Py_INCREF(key);
+        }
+    }
+    Py_XDECREF(ident);
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    return key;
+}
+
+/* Whether `hit` is a Hit this file can record from (types checked once, before any effect). */
+static int usable(PyObject *hit) {
+    if (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) < H_N)
+        return 0;
+    PyObject *ent = PyTuple_GET_ITEM(hit, H_ENT);
+    return PyBytes_Check(PyTuple_GET_ITEM(hit, H_HEAD)) &&
+           PyBytes_Check(PyTuple_GET_ITEM(hit, H_MID)) &&
+           PyBytes_Check(PyTuple_GET_ITEM(hit, H_TAIL)) &&
+           PyBytes_Check(PyTuple_GET_ITEM(hit, H_SLOT_TAIL)) && PyTuple_Check(ent) &&
+           PyTuple_GET_SIZE(ent) >= 3 && PyUnicode_Check(PyTuple_GET_ITEM(ent, 1)) &&
+           PyUnicode_Check(PyTuple_GET_ITEM(ent, 2));
+}
+
+/* A tuple of n objects, the last `own` of them stolen (new ints); NULL if any is NULL.
+ * Py_BuildValue parses its format at every call: ~4x the instructions. */
+static PyObject *tuple_of(int n, int own, PyObject **items) {
+    PyObject *t = NULL;
+    for (int i = 0; i < n; i++)
+        if (items[i] == NULL)
+            goto out;
+    if ((t = PyTuple_New(n)) == NULL)
+        goto out;
+    for (int i = 0; i < n; i++) {
+        if (i < n - own)
+            Py_INCREF(items[i]);
+        PyTuple_SET_ITEM(t, i, items[i]);
+    }
+    return t;
+out:
+    for (int i = n - own; i < n; i++)
+        Py_XDECREF(items[i]);
+    return NULL;
+}
+
+/* Concatenate pieces into dst. */
+typedef struct {
+    const char *p;
+    Py_ssize_t n;
+} Piece;
+
+static Py_ssize_t total(const Piece *ps, int k) {
+    Py_ssize_t n = 0;
+    for (int i = 0; i < k; i++)
+        n += ps[i].n;
+    return n;
+}
+
+static void join(char *dst, const Piece *ps, int k) {
+    for (int i = 0; i < k; i++) {
+        memcpy(dst, ps[i].p, ps[i].n);
+        dst += ps[i].n;
+    }
+}
+
+#define BYTES_PIECE(o) ((Piece){PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o)})
+
+/* slot._mm[:n] = the in-flight record: a short-lived buffer export (never held across calls:
+ * it would block the slot's close). Errors propagate, as the Python slice assignment's do. */
+static int store_slot(PyObject *slot, const Piece *ps, int k) {
+    PyObject *mm = PyObject_GetAttr(slot, s__mm);
+    if (mm == NULL)
+        return -1;
+    Py_buffer view;
+    int r = PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE);
+    Py_DECREF(mm);
+    if (r < 0)
+        return -1;
+    Py_ssize_t n = total(ps, k);
+    if (n > view.len) { /* make_hit keeps the line shorter than the slot: never here */
+        PyErr_SetString(PyExc_IndexError, "mmap slice assignment is wrong size");
+        r = -1;
+    } else {
+        join((char *)view.buf, ps, k);
+    }
+    PyBuffer_Release(&view);
+    return r;
+}
+
+/* Everything after a successful call (fastpath's second `try` block); -1 with an error set. */
+static int after(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight, PyObject *tid,
+                 PyObject *result, const Piece *pre, long long start, long long ts,
+                 PyObject *iseq) {
+    if (PyDict_DelItem(inflight, tid) < 0)
+        return -1;
+    long long end;
+    if (perf_ns(w, &end) < 0)
+        return -1;
+    long long dur = us(end - start);
+    char dbuf[24];
+    Piece ps[6] = {pre[0], pre[1], pre[2], pre[3], {",\"d\":", 5}, {dbuf, digits(dbuf, dur)}};
+    PyObject *tail = PyTuple_GET_ITEM(hit, H_TAIL);
+    PyObject *data = PyBytes_FromStringAndSize(NULL, total(ps, 6) + PyBytes_GET_SIZE(tail));
+    if (data == NULL)
+        return -1;
+    join(PyBytes_AS_STRING(data), ps, 6);
+    memcpy(PyBytes_AS_STRING(data) + total(ps, 6), PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail));
+    /* rec.writer.mm.write(data): the mapped trace file; else rec.emit_bytes(data) */
+    PyObject *r = NULL, *writer = PyObject_GetAttr(rec, s_writer);
+    if (writer != NULL) {
+        PyObject *mm = PyObject_GetAttr(writer, s_mm);
+        Py_DECREF(writer);
+        if (mm != NULL) {
+            r = PyObject_VectorcallMethod(s_write, (PyObject *[]){mm, data},
+                                          2, NULL);
+            Py_DECREF(mm);
+        }
+    }
+    if (r == NULL && (PyErr_ExceptionMatches(PyExc_AttributeError) ||
+                      PyErr_ExceptionMatches(PyExc_ValueError))) {
+        PyErr_Clear();
+        r = PyObject_CallMethodOneArg(rec, s_emit_bytes, data);
+    }
+    Py_DECREF(data);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    /* rec.events += 1 */
+    PyObject *ev = PyObject_GetAttr(rec, s_events), *one = PyLong_FromLong(1), *ev2 = NULL;
+    if (ev != NULL && one != NULL)
+        ev2 = PyNumber_InPlaceAdd(ev, one);
+    Py_XDECREF(ev);
+    Py_XDECREF(one);
+    if (ev2 == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(rec, s_events, ev2);
+    Py_DECREF(ev2);
+    if (rc < 0)
+        return -1;
+    PyObject *op = PyTuple_GET_ITEM(hit, H_OP), *g = PyTuple_GET_ITEM(hit, H_G);
+    PyObject *site = PyTuple_GET_ITEM(hit, H_SITE);
+    PyObject *last = tuple_of(5, 1, (PyObject *[]){op, g, iseq, site, PyLong_FromLongLong(ts + dur)});
+    if (last == NULL)
+        return -1;
+    rc = PyObject_SetAttr(rec, s_last_event, last);
+    Py_DECREF(last);
+    if (rc < 0)
+        return -1;
+    int is_async = PyObject_IsTrue(PyTuple_GET_ITEM(hit, H_ASYNC));
+    if (is_async < 0)
+        return -1;
+    if (is_async && result != Py_None) {
+        PyObject *targs[7] = {rec, result, op, g, iseq, site, PyTuple_GET_ITEM(hit, H_WTAG)};
+        r = PyObject_Vectorcall(w->track_async, targs, 7, NULL);
+        if (r == NULL)
+            return -1;
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
+/* The call raised `exc` (a reference we own): dist._failed records it, and it is re-raised
+ * unchanged. */
+static PyObject *call_failed(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight,
+                             PyObject *tid, PyObject *exc, long long seq, long long start,
+                             long long ts, PyObject *iseq) {
+    if (PyDict_DelItem(inflight, tid) < 0) /* inflight.pop(tid, None) */
+        PyErr_Clear();
+    PyObject *ent = PyTuple_GET_ITEM(hit, H_ENT), *g = PyTuple_GET_ITEM(hit, H_G);
+    PyObject *begin = PyUnicode_FromFormat("%U%lld%U,\"ts\":%lld", PyTuple_GET_ITEM(ent, 1), seq,
+                                           PyTuple_GET_ITEM(ent, 2), ts);
+    PyObject *key = tuple_of(4, 1, (PyObject *[]){PyTuple_GET_ITEM(hit, H_OP), g, iseq,
+                                                 PyLong_FromLongLong(ts)});
+    PyObject *st = PyLong_FromLongLong(start), *r = NULL;
+    if (begin != NULL && key != NULL && st != NULL) {
+        PyObject *fargs[6] = {rec, exc, begin, PyTuple_GET_ITEM(hit, H_SITE), st, key};
+        r = PyObject_Vectorcall(w->failed, fargs, 6, NULL);
+    }
+    Py_XDECREF(begin);
+    Py_XDECREF(key);
+    Py_XDECREF(st);
+    if (r == NULL) { /* as in an `except` block: the new error propagates, `exc` its context */
+        PyObject *exc2 = take_exc();
+        PyException_SetContext(exc2, exc); /* steals exc */
+        give_exc(exc2);
+        return NULL;
+    }
+    Py_DECREF(r);
+    give_exc(exc);
+    return NULL;
+}
+
+static PyObject *record_hit(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight,
+                            PyObject *tid, PyObject *seqs, PyObject *const *args, size_t nargsf,
+                            PyObject *kwnames) {
+    PyObject *g = PyTuple_GET_ITEM(hit, H_G);
+    PyObject *cur = PyDict_GetItemWithError(seqs, g); /* seqs.get(g, 0) + 1 */
+    if (cur == NULL && PyErr_Occurred())
+        return NULL;
+    long long seq = cur == NULL ? 1 : PyLong_AsLongLong(cur) + 1;
+    if (seq == 0 && PyErr_Occurred())
+        return NULL;
+    PyObject *seqo = PyLong_FromLongLong(seq);
+    if (seqo == NULL)
+        return NULL;
+    int rc = PyDict_SetItem(seqs, g, seqo);
+    Py_DECREF(seqo);
+    long long start, t0;
+    if (rc < 0 || perf_ns(w, &start) < 0)
+        return NULL;
+    PyObject *t0o = PyObject_GetAttr(rec, s_t0_ns);
+    if (t0o == NULL)
+        return NULL;
+    t0 = PyLong_AsLongLong(t0o);
+    Py_DECREF(t0o);
+    if (t0 == -1 && PyErr_Occurred())
+        return NULL;
+    long long ts = us(start - t0);
+    /* the line up to its start time, shared by the in-flight slot and the record */
+    char sbuf[24], tbuf[24];
+    Piece pre[4] = {BYTES_PIECE(PyTuple_GET_ITEM(hit, H_HEAD)), {sbuf, digits(sbuf, seq)},
+                    BYTES_PIECE(PyTuple_GET_ITEM(hit, H_MID)), {tbuf, digits(tbuf, ts)}};
+    PyObject *slot = PyObject_GetAttr(rec, s_slot);
+    if (slot == NULL)
+        return NULL;
+    if (slot != Py_None) { /* survives the process dying inside the call (trace/inflight) */
+        Piece ps[5] = {pre[0], pre[1], pre[2], pre[3], BYTES_PIECE(PyTuple_GET_ITEM(hit, H_SLOT_TAIL))};
+        rc = store_slot(slot, ps, 5);
+    }
+    Py_DECREF(slot);
+    if (rc < 0)
+        return NULL;
+    int in_seq = PyObject_IsTrue(PyTuple_GET_ITEM(hit, H_INSEQ));
+    if (in_seq < 0)
+        return NULL;
+    PyObject *iseq = PyLong_FromLongLong(in_seq ? seq : 0);
+    PyObject *entry = iseq == NULL ? NULL
+                                   : tuple_of(5, 1, (PyObject *[]){PyTuple_GET_ITEM(hit, H_OP), g, iseq,
+                                                                   PyTuple_GET_ITEM(hit, H_SITE),
+                                                                   PyLong_FromLongLong(ts)});
+    if (entry == NULL || PyDict_SetItem(inflight, tid, entry) < 0) { /* the watchdog's view */
+        Py_XDECREF(entry);
+        Py_XDECREF(iseq);
+        return NULL;
+    }
+    Py_DECREF(entry);
+    /* the user's call, with the very arguments it was given */
+    PyObject *result = PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
+    if (result == NULL) {
+        PyObject *exc = take_exc();
+        PyObject *r = call_failed(w, rec, hit, inflight, tid, exc, seq, start, ts, iseq);
+        Py_DECREF(iseq);
+        return r;
+    }
+    if (after(w, rec, hit, inflight, tid, result, pre, start, ts, iseq) < 0) {
+        /* after the call: recorded as far as it went, never re-issued; only an Exception is
+         * reported (rec.internal_error), anything else (KeyboardInterrupt) propagates */
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+            Py_CLEAR(result);
+        } else {
+            PyObject *exc = take_exc();
+            PyObject *r = PyObject_CallMethodOneArg(rec, s_internal_error, exc);
+            Py_DECREF(exc);
+            if (r == NULL)
+                Py_CLEAR(result);
+            Py_XDECREF(r);
+        }
+    }
+    Py_DECREF(iseq);
+    return result;
+}
+
+static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                    PyObject *kwnames) {
+    Wrapper *w = (Wrapper *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *rec = PyObject_GetAttr(w->recmod, s_recorder);
+    if (rec == NULL)
+        return NULL;
+    PyObject *tid = NULL, *inflight = NULL, *seqs = NULL, *argt = NULL, *kw = NULL, *key = NULL;
+    PyObject *hit = NULL, *result = NULL, *frame = NULL;
+    int r = tracing(w, rec);
+    if (r <= 0) { /* not tracing, nested in a patched call, compiling (or an error) */
+        if (r == 0)
+            result = PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
+        goto done;
+    }
+    tid = PyLong_FromUnsignedLong(PyThread_get_thread_ident()); /* threading.get_ident() */
+    inflight = PyObject_GetAttr(rec, s_inflight);
+    if (tid == NULL || inflight == NULL)
+        goto done;
+    /* the user's frame: the caller of fastpath's shim, the Python frame that called this */
+    PyFrameObject *shim = PyEval_GetFrame();
+    frame = shim == NULL ? NULL : (PyObject *)PyFrame_GetBack(shim);
+    if (!PyDict_CheckExact(inflight) || frame == NULL)
+        goto python;
+    r = PyDict_Contains(inflight, tid);
+    if (r != 0) { /* inside another recorded call (all_gather_object -> all_gather) */
+        if (r > 0)
+            result = PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
+        goto done;
+    }
+    if (w->fastkey != Py_None) {
+        r = w->reducing ? truthy_attr(rec, s_ddp_refs) : 0; /* (ddp_overlap: general) */
+        if (r < 0)
+            goto done;
+        if (!r) {
+            key = call_key(w, (PyFrameObject *)frame, args, nargs, kwnames, &argt, &kw);
+            if (key == NULL)
+                goto done;
+            if (key != Py_None) {
+                hit = PyDict_GetItemWithError(w->fast, key); /* borrowed */
+                if (hit == NULL && PyErr_Occurred()) {
+                    if (!PyErr_ExceptionMatches(PyExc_TypeError))
+                        goto done;
+                    PyErr_Clear(); /* an unhashable argument: no key */
+                    Py_SETREF(key, Py_None);
+                    Py_INCREF(key);
+                }
+                Py_XINCREF(hit);
+            }
+        }
+    }
+    if (hit == NULL || !PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) < H_N ||
+        PyTuple_GET_ITEM(hit, H_REC) != rec) {
+        if (argt == NULL && pack(args, nargs, kwnames, &argt, &kw) < 0)
+            goto done;
+        PyObject *gargs[7] = {rec, tid, frame, key == NULL ? Py_None : key, w->fast, argt, kw};
+        result = PyObject_Vectorcall(w->general, gargs, 7, NULL);
+        goto done;
+    }
+    seqs = PyObject_GetAttr(rec, s_seq);
+    if (seqs == NULL)
+        goto done;
+    PyObject *cur = PyDict_CheckExact(seqs) ? PyDict_GetItemWithError(seqs, PyTuple_GET_ITEM(hit, H_G)) : NULL;
+    if (!PyDict_CheckExact(seqs) || !usable(hit) || (cur != NULL && !PyLong_CheckExact(cur)))
+        goto python;
+    result = record_hit(w, rec, hit, inflight, tid, seqs, args, nargsf, kwnames);
+    goto done;
+python: /* an object of another type than this file relies on: nothing done yet */
+    if (!PyErr_Occurred())
+        result = PyObject_Vectorcall(w->python, args, nargsf, kwnames);
+done:
+    Py_DECREF(rec);
+    Py_XDECREF(tid);
+    Py_XDECREF(inflight);
+    Py_XDECREF(frame);
+    Py_XDECREF(seqs);
+    Py_XDECREF(argt);
+    Py_XDECREF(kw);
+    Py_XDECREF(key);
+    Py_XDECREF(hit);
+    return result;
+}
+
+/* ---- the type --------------------------------------------------------------------------- */
+
+#define VISIT(f) Py_VISIT(w->f);
+#define CLEAR(f) Py_CLEAR(w->f);
+#define NULLIFY(f) w->f = NULL;
+#define INCREF(f) Py_INCREF(w->f);
+
+static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
+    FIELDS(VISIT)
+    return 0;
+}
+
+static int wrapper_clear(Wrapper *w) {
+    FIELDS(CLEAR)
+    return 0;
+}
+
+static void wrapper_dealloc(Wrapper *w) {
+    PyObject_GC_UnTrack(w);
+    wrapper_clear(w);
+    Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+static PyTypeObject WrapperType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ddpdoctor.rank._fastcall.Wrapper",
+    .tp_doc = "The C path of a collective's wrapper, called by fastpath.make_wrapper's shim.",
+    .tp_basicsize = sizeof(Wrapper),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(Wrapper, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_traverse = (traverseproc)wrapper_traverse,
+    .tp_clear = (inquiry)wrapper_clear,
+    .tp_dealloc = (destructor)wrapper_dealloc,
+};
+
+/* Copy fastpath.key_function's plan ((position, kind) pairs per number of positional
+ * arguments) into w; 0 where it does not fit (the Python key function is then used), -1 on
+ * error. */
+static int read_plan(Wrapper *w, PyObject *plan) {
+    if (!PyTuple_Check(plan) || PyTuple_GET_SIZE(plan) > MAXPLAN)
+        return 0;
+    for (Py_ssize_t n = 0; n < PyTuple_GET_SIZE(plan); n++) {
+        PyObject *terms = PyTuple_GET_ITEM(plan, n);
+        if (!PyTuple_Check(terms) || PyTuple_GET_SIZE(terms) > MAXPLAN)
+            return 0;
+        w->plen[n] = (signed char)PyTuple_GET_SIZE(terms);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(terms); i++) {
+            int p, k;
+            if (!PyArg_ParseTuple(PyTuple_GET_ITEM(terms, i), "ii", &p, &k))
+                return -1;
+            if (p < 0 || p >= n || k < 0 || k > 2)
+                return 0; /* a term beyond the call's arguments: not a plan this file reads */
+            w->pos[n][i] = (signed char)p;
+            w->kind[n][i] = (signed char)k;
+        }
+    }
+    return (int)PyTuple_GET_SIZE(plan);
+}
+
+static PyObject *make(PyObject *module, PyObject *args) {
+    Wrapper *w = PyObject_GC_New(Wrapper, &WrapperType);
+    if (w == NULL)
+        return NULL;
+    w->vectorcall = wrapper_vectorcall;
+    FIELDS(NULLIFY)
+    PyObject *plan;
+    if (!PyArg_ParseTuple(args, "OOOO!pOOOOOOO:make", &w->orig, &w->fastkey, &w->general,
+                          &PyDict_Type, &w->fast, &w->reducing, &w->tc, &w->failed,
+                          &w->track_async, &w->recmod, &w->python, &w->perf_ns, &plan)) {
+        FIELDS(NULLIFY) /* borrowed until parsed */
+        Py_DECREF(w);
+        return NULL;
+    }
+    FIELDS(INCREF)
+    w->nplan = read_plan(w, plan);
+    if (w->nplan < 0) {
+        Py_DECREF(w);
+        return NULL;
+    }
+    PyObject_GC_Track(w);
+    return (PyObject *)w;
+}
+
+static PyMethodDef methods[] = {
+    {"make", make, METH_VARARGS,
+     "make(orig, fastkey, general, fast, reducing, tc, failed, track_async, recorder_module,"
+     " python_wrapper, perf_counter_ns, key_plan) -> Wrapper: see fastpath.make_wrapper."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "_fastcall",
+    "The repeat-call path of ddpdoctor's collective wrappers, in C (see fastpath.py).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fastcall(void) {
+    if (PyType_Ready(&WrapperType) < 0)
+        return NULL;
+#define INTERN(var, text)                                   \
+    if ((var = PyUnicode_InternFromString(text)) == NULL) \
+        return NULL;
+    INTERN(s_shape, "shape");
+    INTERN(s_dtype, "dtype");
+    INTERN(s_device, "device");
+    INTERN(s_recorder, "_recorder");
+    INTERN(s_enabled, "enabled");
+    INTERN(s_local, "local");
+    INTERN(s_depth, "depth");
+    INTERN(s_flag, "_is_compiling_flag");
+    INTERN(s_inflight, "inflight");
+    INTERN(s_ddp_refs, "ddp_refs");
+    INTERN(s_seq, "seq");
+    INTERN(s_t0_ns, "t0_ns");
+    INTERN(s_slot, "slot");
+    INTERN(s__mm, "_mm");
+    INTERN(s_writer, "writer");
+    INTERN(s_mm, "mm");
+    INTERN(s_write, "write");
+    INTERN(s_emit_bytes, "emit_bytes");
+    INTERN(s_events, "events");
+    INTERN(s_last_event, "last_event");
+    INTERN(s_internal_error, "internal_error");
+#undef INTERN
+    PyObject *m = PyModule_Create(&moduledef);
+    Py_INCREF(&WrapperType);
+    if (m != NULL && PyModule_AddObject(m, "Wrapper", (PyObject *)&WrapperType) < 0) {
+        Py_DECREF(&WrapperType);
+        Py_CLEAR(m);
+    }
+    return m;
+}
