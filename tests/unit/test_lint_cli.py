@@ -31,7 +31,7 @@ BAD = {
     "rank-failed": [("DD008", 17)],
     "sampler-misuse": [("DD007", 27)],
     "sync-overhead": [("DD010", 34)],
-    "uneven-inputs": [("DD006", 25)],
+    "uneven-inputs": [("DD006", 33)],
     "unseeded-rng": [("DD004", 25), ("DD004", 27)],
     "batchnorm-sync": [("DD014", 26)],
     "replica-drift": [("DD013", 28)],
