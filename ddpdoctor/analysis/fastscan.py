@@ -24,7 +24,7 @@ import sys
 import zlib
 from collections import deque
 from itertools import accumulate, compress, count, islice, repeat
-from operator import add, attrgetter, is_, itemgetter, or_
+from operator import add, attrgetter, is_, itemgetter
 
 from ..trace import ops
 from .conform import MAX_LINE
@@ -32,6 +32,8 @@ from .conform import MAX_LINE
 #: Bytes read at a time: the longest line the loader accepts, so a line fully inside one read
 #: is never too long and only the line a read continues needs a check.
 CHUNK = MAX_LINE
+#: Runs of fewer lines of known shapes are accounted line by line (Bulk._short).
+SHORT_RUN = 24
 #: Ops whose tensors legitimately differ in shape across ranks.
 ASYMMETRIC_OPS = ops.ASYMMETRIC_OPS
 _SIG_KEYS = ("x", "rop", "root", "groot", "nobj")
@@ -208,65 +210,75 @@ class Bulk:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            yield from self._scan(f)
+            shapes = self.shapes
+            for off, item in chunks(f):
+                if item is None or not item.endswith(b"\n"):
+                    yield off, item, None
+                    continue
+                rows = _SCAN.findall(item)
+                if rows and not rows[-1][_LINE]:
+                    last = rows.pop()  # the chunk ends with lines of other kinds, or at a row's end
+                    if last[_GAP]:
+                        rows.append(last)
+                keys = list(map(_KEY, rows))
+                shs = list(map(shapes.get, keys))
+                n = len(rows)
+                if None not in shs and item.count(b"\n") == n:  # the usual chunk: one run
+                    if n:
+                        self._run(rows, shs, off)
+                    continue
+                # Rows where a run stops: after lines of other kinds (a gap), or with no known shape
+                # when the chunk was mapped. A shape found meanwhile (its first line was just read)
+                # is looked up again there; the chunk is mapped again only once that was frequent.
+                gaps = list(compress(count(), map(bool, map(itemgetter(_GAP), rows))))
+                gaps.append(n)
+                gp = 0
+                nn = _none_at(shs, 0, n)
+                late = 0  # rows of a shape found after the chunk was mapped
+                pos = off  # file offset of rows[i]
+                i = 0
+                while i < n:
+                    g = gaps[gp]
+                    j = g if g < nn else nn
+                    if j - i >= SHORT_RUN:
+                        pos = self._run(rows[i:j], shs[i:j], pos)
+                    elif j > i:
+                        pos = self._short(rows, shs, i, j, pos)
+                    if j >= n:
+                        break
+                    row = rows[j]
+                    if j == g:
+                        gp += 1
+                        for line in _split(row[_GAP]):
+                            yield pos, line, None
+                            pos += len(line)
+                    line = row[_LINE]
+                    if not line:  # the lines of other kinds that end the chunk
+                        break
+                    sh = shs[j] if j != nn else shapes.get(keys[j])
+                    if sh is not None:  # the first of a run
+                        if j == nn:
+                            shs[j] = sh
+                            late += 1
+                            if late > (n - j) >> 3:
+                                shs[j:] = map(shapes.get, keys[j:])
+                                late = 0
+                            nn = _none_at(shs, j + 1, n)
+                        i = j
+                        continue
+                    yield pos, line, keys[j]
+                    pos += len(line)
+                    i = j + 1
+                    nn = _none_at(shs, i, n)
         finally:
             if collecting:
                 gc.enable()
 
-    def _scan(self, f):
-        shapes = self.shapes
-        for off, item in chunks(f):
-            if item is None or not item.endswith(b"\n"):
-                yield off, item, None
-                continue
-            rows = _SCAN.findall(item)
-            if rows and not rows[-1][_LINE]:
-                last = rows.pop()  # the chunk ends with lines of other kinds, or at a row's end
-                if last[_GAP]:
-                    rows.append(last)
-            keys = list(map(_KEY, rows))
-            shs = list(map(shapes.get, keys))
-            n = len(rows)
-            if None not in shs and item.count(b"\n") == n:  # the usual chunk: one run
-                if n:
-                    self._run(rows, shs, off)
-                continue
-            pos = off  # file offset of rows[i]'s gap
-            i = 0
-            stops = _stops(rows, shs, 0)
-            k = 0
-            while i < n:
-                j = stops[k] if k < len(stops) else n
-                k += 1
-                if j > i:
-                    pos = self._run(rows[i:j], shs[i:j], pos)
-                if j >= n:
-                    break
-                row = rows[j]
-                gap = row[_GAP]
-                if gap:
-                    for line in _split(gap):
-                        yield pos, line, None
-                        pos += len(line)
-                line = row[_LINE]
-                if not line:  # the lines of other kinds that end the chunk
-                    break
-                sh = shapes.get(keys[j])
-                if sh is not None:  # lines of other kinds, then one of a known shape: a run
-                    shs[j] = sh
-                    i = j
-                    continue
-                yield pos, line, keys[j]
-                pos += len(line)
-                i = j + 1
-                if shapes.get(keys[j]) is not None:  # a new shape: later lines may have it
-                    shs[i:] = map(shapes.get, keys[i:])
-                    stops = _stops(rows, shs, i)
-                    k = 0
-
     def _run(self, rows: list, seg: list, pos: int) -> int:
         """Account ``rows`` (lines of known shapes ``seg``, one after the other from file offset
         ``pos``); returns the offset after them."""
+        if len(seg) < SHORT_RUN:
+            return self._short(rows, seg, 0, len(seg), pos)
         rt = self.rt
         lines = list(map(itemgetter(_LINE), rows))
         starts = list(accumulate(map(len, lines), initial=pos))  # offsets of the lines, then the end
@@ -309,6 +321,52 @@ class Bulk:
                         break
         rt.tail.extend(lines[-rt.tail.maxlen:] if rt.tail.maxlen else lines)
         return starts[-1]
+
+    def _short(self, rows: list, seg: list, i: int, j: int, pos: int) -> int:
+        """What :meth:`_run` does, line by line: cheaper for a few lines between lines of other
+        kinds (a DDP job's "e" and "w" records, p2p), where column operations cost more than
+        they save."""
+        rt = self.rt
+        block = self.block
+        crc = zlib.crc32
+        last_op, after, tail = rt.last_op, rt.after_barrier, rt.tail
+        end = self.end
+        for x in range(i, j):
+            row, sh = rows[x], seg[x]
+            gs = sh.gs
+            c = gs.count
+            if c % block == 0:
+                if c:
+                    gs.blocks[-1][0], gs.blocks[-1][1] = gs._op, gs._sig
+                gs.blocks.append([0, 0, pos])
+                gs._op = gs._sig = 0
+            gs._op = crc(sh.op_b, gs._op)
+            gs._sig = crc(sh.sig_b, gs._sig)
+            gs.count = c + 1
+            d = int(row[_D])
+            sh.n += 1
+            sh.total += d
+            if d > sh.longest:
+                sh.longest = d
+            e = int(row[_TS]) + d
+            if e > end:
+                end = e
+            if sh.ddp:
+                rt.ddp_steps[sh.op] += 1
+                rt.ddp_sites[sh.op] = sh.site
+                if sh.train_fwd:
+                    rt.ddp_train_fwd += 1
+            prev = last_op[sh.g]
+            if prev[0] in _BARRIERS:
+                k = (prev[1], sh.op)
+                after[k] = after.get(k, 0) + 1
+            last_op[sh.g] = sh.opsite
+            line = row[_LINE]
+            tail.append(line)
+            pos += len(line)
+        self.end = end
+        self.n += j - i
+        return pos
 
     def _group(self, gs, seg: list, starts: list, idx: list | None) -> None:
         """The digest blocks of one group's events ``seg`` (at rows ``idx`` of the run)."""
@@ -357,11 +415,12 @@ _BARRIERS = ops.BARRIER_OPS
 _OP_B, _SIG_B, _IS_BARRIER = attrgetter("op_b"), attrgetter("sig_b"), attrgetter("barrier")
 
 
-def _stops(rows: list, shs: list, i: int) -> list:
-    """Indices from ``i`` of rows preceded by lines of another kind or of no known shape."""
-    gaps = map(bool, map(itemgetter(_GAP), islice(rows, i, None)))
-    unknown = map(is_, islice(shs, i, None), repeat(None))
-    return [i + x for x in compress(count(), map(or_, gaps, unknown))]
+def _none_at(shs: list, i: int, n: int) -> int:
+    """Index of the next row from ``i`` with no known shape, or ``n``."""
+    try:
+        return shs.index(None, i)
+    except ValueError:
+        return n
 
 
 def _split(text: bytes) -> list:
