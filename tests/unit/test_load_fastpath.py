@@ -168,3 +168,22 @@ def test_over_long_and_nul_padded_files_read_the_same(tmp_path, monkeypatch):
     path.write_bytes(("\n".join(lines) + "\n").encode() + b"\0" * 250)
     slow, fast = _both(path)
     assert slow == fast and slow["bad_lines"] == 1 and not slow["truncated"] and slow["events"] == 50
+
+
+def test_hostile_lines_read_in_linear_time(tmp_path):
+    """Long lines full of look-alike fields (the chunk pattern must not backtrack over them):
+    ~1 MB of them reads in well under a second; a quadratic scan would take minutes."""
+    import time
+
+    frag = b'"ts":1,"d":1,"site":1,"s":1,'
+    bodies = [b'{"t":"c","op":"x","g":"0","s":1,' + frag * 10000 + b'"z":1\n',
+              b'{"t":"c","op":"x","g":"0","s":1,"' + b'"' * 300000 + b"\n",
+              b'{"t":"c","op":"x","g":"0","s":1,"ts":1,"d":1,"site":1' + b',"a":1' * 50000 + b"\n"]
+    path = tmp_path / "rank00000-h-1-a0.jsonl"
+    ok = b'{"t":"c","op":"x","g":"0","s":%d,"ts":1,"d":1,"site":1}\n'
+    path.write_bytes(json.dumps(HEADER).encode() + b"\n" + b"".join(bodies)
+                     + b"".join(ok % (i + 1) for i in range(100)))
+    t = time.process_time()
+    rt = load.read_rank(str(path))
+    assert time.process_time() - t < 20
+    assert rt.bad_lines == 3 and rt.events == 100
