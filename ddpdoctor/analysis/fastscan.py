@@ -1,12 +1,13 @@
-"""The loader's bulk path: ``c`` records of the writer's layout read a megabyte at a time.
+"""The loader's bulk path: ``c`` records of the writer's layout read 256 KiB at a time.
 
 Most of a trace is ``c`` lines that repeat a few *shapes*: lines equal but for the values of
 ``s``, ``ts``, ``d`` (and ``step``). One ``findall`` per chunk (:data:`_SCAN`) splits every such
 line into its shape key and its varying numbers in C; per chunk, the lines are then accounted
-with whole-column operations (``map``, ``join``, ``Counter``, one ``crc32`` per digest block and
-group) instead of Python work per line. Profiled on the scale benchmark's traces: the per-line
-loop (a ``readline`` generator, a regex ``match``, ``group`` calls and ~40 bytecodes a line)
-was ~90% of ``ddpdoctor report``.
+with whole-column operations (``map``, ``join``, one ``crc32`` per digest block and group)
+instead of Python work per line; short runs between lines of other kinds go line by line.
+Before, the per-line loop (a ``readline`` generator, a regex ``match``, ``group`` calls, ~40
+bytecodes a line) was ~90% of ``ddpdoctor report`` on the scale benchmark's traces; now the regex
+itself is more than half of the reading (bench/README.md, session 4).
 
 What the bulk path takes is exactly what ``json.loads`` reads (``tests/unit/test_load_fastpath.py``
 reads files both ways): a shape is trusted only after its first line was decoded with json and
@@ -31,8 +32,8 @@ from .conform import MAX_LINE
 
 #: Bytes read at a time, at most the longest line the loader accepts (MAX_LINE), so a line fully
 #: inside one read is never too long and only the line a read continues needs a check. A chunk's
-#: rows cost ~4x its size while it is read: 256 KiB keeps a reader's peak ~1 MB above the
-#: line-by-line reader's (1 MiB: +7 MB, measured on the scale benchmark's 64 x 20k traces).
+#: rows are held while it is accounted: with 1 MiB reads a reader's peak RSS was ~7 MB higher
+#: than the line-by-line reader's on the scale benchmark's 64 x 20k traces, with 256 KiB the same.
 CHUNK = 256 << 10
 #: Runs of fewer lines of known shapes are accounted line by line (Bulk._short).
 SHORT_RUN = 24
