@@ -8,10 +8,7 @@ Corrupt or truncated lines are skipped and counted, never fatal.
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import sys
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
@@ -29,15 +26,14 @@ from .conform import (
     parse_line,
     well_typed,
 )
+from .fastscan import ASYMMETRIC_OPS, Bulk, signature  # noqa: F401 - both re-exported
+from .fastscan import Shape as _Shape
 from .sidecars import read_sidecars
 
 #: Sequence events per digest block.
 BLOCK = 256
 #: Last events kept per rank for the summary and failure analysis.
 TAIL = 20
-#: Ops whose tensors legitimately differ in shape across ranks.
-ASYMMETRIC_OPS = ops.ASYMMETRIC_OPS
-_SIG_KEYS = ("x", "rop", "root", "groot", "nobj")
 _RARE = frozenset({"pg", "init", "file", "file_cap", "seed", "split", "sampler", "set_epoch", "optim",
                    "rng",  # Python/NumPy draws while setting up (rank/patches/pyrng.py)
                    "ddp", "exit", "hang", "pending", "w",
@@ -54,89 +50,10 @@ RARE_CAP = 100000
 _UNCAPPED = frozenset({"exit", "hang", "pending", "init", "pg", "file_cap"})
 #: Ops counted as barriers (RankTrace.after_barrier).
 BARRIER_OPS = ops.BARRIER_OPS
-#: Fast path for ``c`` records (most of a trace): lines that differ only in the values of
-#: ``s``, ``ts``, ``d`` (and ``step``) share one *shape*, decoded and checked once with json.loads
-#: (see _Shape.make); the other lines of a shape are matched by this pattern and never decoded.
-#: False: json.loads for every line (the reference the fast path is tested against).
+#: Bulk path for ``c`` records (most of a trace, see fastscan.py). False: json.loads for every
+#: line (the reference the bulk path is tested against).
 FAST_PATH = True
-#: Groups 1 and 3 stop at the first ``"s":`` / ``"ts":`` (runs of non-quotes, or a quote not
-#: starting that key), so a line matches in one way and hostile lines cannot make it backtrack
-#: (the lazy ``.*?`` it replaces took 32 s on a 22 KB line). Whether the numbers found are
-#: really the fields is still checked once per shape (_Shape.make).
-_FAST_C_PLAIN = re.compile(rb'\{"t":"c",([^"]*(?:"(?!s":)[^"]*)*)"s":(0|[1-9][0-9]*),([^"]*(?:"(?!ts":)[^"]*)*)'
-                           rb'"ts":(0|[1-9][0-9]*),"d":(0|[1-9][0-9]*),'
-                           rb'"site":(-?[0-9]+)(?:,"step":(0|[1-9][0-9]*))?(.*)\}\n\Z')
-_FAST_C = _FAST_C_PLAIN
-if sys.version_info >= (3, 11):
-    # The same pattern with possessive quantifiers (3.11+): giving characters back from any of
-    # these runs never lets the rest match (each is followed by a quote, a comma, a fixed key, or
-    # by `(.*)` which matches whatever is left), so it matches the same lines with the same groups
-    # (tests/unit/test_load_pattern.py), and the engine keeps no backtracking state: 21% less
-    # time a line (1.24 -> 0.98 µs, the most costly step of the fast path).
-    _FAST_C = re.compile(rb'\{"t":"c",([^"]*+(?:"(?!s":)[^"]*+)*+)"s":(0|[1-9][0-9]*+),'
-                         rb'([^"]*+(?:"(?!ts":)[^"]*+)*+)"ts":(0|[1-9][0-9]*+),"d":(0|[1-9][0-9]*+),'
-                         rb'"site":(-?[0-9]++)(?:,"step":(0|[1-9][0-9]*+))?(.*)\}\n\Z')
 _MAX_SHAPES = 4096
-#: (regex group, stand-in value) of the varying fields s, ts, d, step
-_VARYING = (("s", 2, 987654321), ("ts", 4, 987654322), ("d", 5, 987654323), ("step", 7, 987654324))
-
-
-class _Shape:
-    """What every ``c`` line of one shape contributes, computed from its first line."""
-
-    __slots__ = ("tmpl", "gs", "g", "op", "op_b", "sig_b", "opsite", "ddp", "train_fwd", "n",
-                 "total", "longest")
-
-    def __init__(self, rec: dict, gs: GroupStream) -> None:
-        self.tmpl = dict(rec)
-        self.gs = gs
-        self.g = rec.get("g", "0")
-        self.op = rec.get("op", "?")
-        self.op_b = self.op.encode()
-        self.sig_b = (self.op + "|" + signature(rec)).encode()
-        self.opsite = (self.op, rec.get("site"))
-        self.ddp = self.op in ops.DDP_STEPS
-        self.train_fwd = bool(rec.get("grad")) and self.op == "ddp_forward"
-        self.n = self.total = self.longest = 0  # events taken by the fast path; sum, max of d
-
-    @staticmethod
-    def make(raw: bytes, m, rec: dict, gs: GroupStream) -> _Shape | None:
-        """The shape of this line, or None (never the fast path) for a rare kind of event or
-        when the pattern's numbers are not plainly the fields: checked by decoding the line
-        again with other numbers in their places."""
-        if "err" in rec or "ddp_overlap" in rec or rec.get("t") != "c":
-            return None
-        parts, pos, want = [], 0, {}
-        for name, grp, val in _VARYING:
-            if m.start(grp) >= 0:
-                parts += [raw[pos:m.start(grp)], str(val).encode()]
-                pos = m.end(grp)
-                want[name] = val
-        parts.append(raw[pos:])
-        try:
-            alt = json.loads(b"".join(parts))
-        except ValueError:
-            return None
-        if not isinstance(alt, dict) or any(alt.get(k) != v or type(rec.get(k)) is not int
-                                            for k, v in want.items()):
-            return None
-        if {k: v for k, v in alt.items() if k not in want} != {k: v for k, v in rec.items() if k not in want}:
-            return None
-        return _Shape(rec, gs)
-
-    def record(self, m) -> dict:
-        rec = dict(self.tmpl)
-        rec["s"], rec["ts"], rec["d"] = int(m.group(2)), int(m.group(4)), int(m.group(5))
-        if m.start(7) >= 0:
-            rec["step"] = int(m.group(7))
-        return rec
-
-
-def signature(rec: dict) -> str:
-    """What must agree across ranks for the same collective (besides the op)."""
-    if rec.get("op") in ASYMMETRIC_OPS:
-        return rec.get("rop", "")
-    return "|".join(str(rec.get(k, "")) for k in _SIG_KEYS)
 
 
 @dataclass
@@ -237,14 +154,12 @@ def read_rank(path: str) -> RankTrace:
         return rt
     loads = parse_line
     crc = zlib.crc32
-    fast_match = _FAST_C.match if FAST_PATH else None
     shapes: dict[tuple, _Shape | None] = {}
-    last_op = rt.last_op
+    bulk = Bulk(rt, shapes, BLOCK)  # reads the c lines of known shapes in between
     rare_counts: dict[str, int] = {}
     pending_waits: set = set()
-    fast_n = fast_end = 0  # events and latest end taken by the fast path (locals: cheaper)
     with f:
-        for start, raw in bounded_lines(f):
+        for start, raw, key in bulk.scan(f, FAST_PATH):
             if raw is None:
                 rt.bad_lines += 1  # an over-long line
                 continue
@@ -253,44 +168,6 @@ def read_rank(path: str) -> RankTrace:
                 # rank died (see mappedtrace); anything else: a rank killed mid-write
                 rt.truncated = not raw.startswith(b"\0")
                 break
-            m = None
-            if fast_match is not None:  # the pattern itself fails at once on other records
-                m = fast_match(raw)
-                if m is not None:
-                    g1, g3, ts_b, d_b, g6, g8 = m.group(1, 3, 4, 5, 6, 8)
-                    key = (g1, g3, g6, g8, m.start(7))
-                    sh = shapes.get(key)
-                    if sh is not None:  # what the "c" branch below does, from the shape
-                        fast_n += 1
-                        gs = sh.gs
-                        if gs.count % BLOCK == 0:
-                            if gs.count:
-                                gs.blocks[-1][0], gs.blocks[-1][1] = gs._op, gs._sig
-                            gs.blocks.append([0, 0, start])
-                            gs._op = gs._sig = 0
-                        gs._op = crc(sh.op_b, gs._op)
-                        gs._sig = crc(sh.sig_b, gs._sig)
-                        gs.count += 1
-                        rt.tail.append((sh, m))  # decoded at the end, if still in the tail
-                        if sh.ddp:
-                            rt.ddp_steps[sh.op] += 1
-                            rt.ddp_sites[sh.op] = sh.opsite[1]
-                            if sh.train_fwd:
-                                rt.ddp_train_fwd += 1
-                        d = int(d_b)
-                        sh.n += 1
-                        sh.total += d
-                        if d > sh.longest:
-                            sh.longest = d
-                        prev = last_op.get(sh.g)
-                        if prev is not None and prev[0] in BARRIER_OPS:
-                            k = (prev[1], sh.op)
-                            rt.after_barrier[k] = rt.after_barrier.get(k, 0) + 1
-                        last_op[sh.g] = sh.opsite
-                        end = int(ts_b) + d
-                        if end > fast_end:
-                            fast_end = end
-                        continue
             try:
                 rec = loads(raw)
             except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
@@ -349,8 +226,8 @@ def read_rank(path: str) -> RankTrace:
                 end = rec.get("ts", 0) + d
                 if end > rt.last_ts:
                     rt.last_ts = end
-                if m is not None and key not in shapes and len(shapes) < _MAX_SHAPES:
-                    shapes[key] = _Shape.make(raw, m, rec, gs)
+                if key is not None and key not in shapes and len(shapes) < _MAX_SHAPES:
+                    shapes[key] = _Shape.make(raw, rec, gs, BARRIER_OPS)
             elif t == "p":
                 rt.events += 1
                 key = f'{rec.get("g", "0")}:{rec.get("ch", "?")}'
@@ -432,9 +309,9 @@ def read_rank(path: str) -> RankTrace:
                     rt.header.setdefault("_groups", {})[rec.get("g")] = ranks
             else:
                 rt.bad_lines += 0  # unknown record types from newer writers are skipped
-    rt.events += fast_n
-    if fast_end > rt.last_ts:
-        rt.last_ts = fast_end
+    rt.events += bulk.n
+    if bulk.end > rt.last_ts:
+        rt.last_ts = bulk.end
     read_sidecars(rt, path)
     for gs in rt.groups.values():
         if gs.blocks:
@@ -448,8 +325,8 @@ def read_rank(path: str) -> RankTrace:
             w = rt.op_sites[sh.opsite]
             w[0] += sh.n
             w[1] += sh.total
-    if shapes:
-        tail = [x if isinstance(x, dict) else x[0].record(x[1]) for x in rt.tail]
+    if shapes:  # the bulk path's events are raw lines: what json reads from them (fastscan.Shape)
+        tail = [x if isinstance(x, dict) else loads(x) for x in rt.tail]
         rt.tail.clear()
         rt.tail.extend(tail)
     if rt.header.get("t") != "header":

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from bench import synth
-from ddpdoctor.analysis import load
+from ddpdoctor.analysis import conform, fastscan, load
 
 
 def _fields(rt: load.RankTrace) -> dict:
@@ -71,6 +71,10 @@ TRICKY = [
     '{"t":"c","op":"all_reduce","g":"7","s":%d,"ts":%d,"d":%d,"site":4,"err":"RuntimeError: boom"}',
     # a later duplicate key wins in json.loads
     '{"t":"c","op":"broadcast","g":"0","s":%d,"ts":%d,"d":%d,"site":5,"root":0,"op":"gather"}',
+    # non-ASCII text (UTF-8) between the fields the bulk path reads
+    '{"t":"c","op":"all_reduce","g":"0","s":%d,"x":["float32[4]"],"obj":"caf\u00e9 \u2603","ts":%d,"d":%d,"site":6}',
+    # numbers past the loader's integer bound make the line corrupt
+    '{"t":"c","op":"all_reduce","g":"0","s":%d,"ts":%d,"d":%d99999999999999999999,"site":1}',
     # wrong types make the line corrupt
     '{"t":"c","op":"all_reduce","g":0,"s":%d,"ts":%d,"d":%d,"site":1}',
     '{"t":"c","op":"all_reduce","g":"0","s":%d,"ts":%d,"d":%d,"site":"x"}',
@@ -106,3 +110,80 @@ def test_mixed_and_damaged_file_reads_the_same(tmp_path):
     slow, fast = _both(path)
     assert slow == fast
     assert slow["truncated"] and slow["bad_lines"] > 0
+
+
+def test_shape_then_odd_lines_and_chunk_boundaries(tmp_path, monkeypatch):
+    """Lines of one shape interleaved with other kinds (p2p, DDP "e" records, a second group, an
+    unknown record type), chunks ending in the middle of lines, a truncated last line."""
+    path = tmp_path / "rank00000-h-1-a0.jsonl"
+    lines = [json.dumps(HEADER)]
+    for i in range(700):
+        lines.append(_line(TRICKY[0], i))
+        if i % 7 == 0:
+            lines.append(f'{{"t":"e","op":"ddp_forward","g":"0","ts":{i},"d":1,"site":2}}')
+        if i % 11 == 0:
+            lines.append(f'{{"t":"c","op":"barrier","g":"7","s":{i // 11 + 1},"ts":{i},"d":2,"site":9}}')
+        if i % 13 == 0:
+            lines.append('{"t":"newer_kind","x":1}')
+    lines.append('{"t":"c","op":"all_reduce","g":"0","s":9999')  # truncated: no newline
+    path.write_text("\n".join(lines), encoding="utf-8")
+    slow, fast = _both(path)
+    assert slow == fast and slow["truncated"] and slow["events"] == 700 + 64
+    for chunk in (61, 97, 4096):  # reads that end inside lines, inside numbers, between lines
+        monkeypatch.setattr(fastscan, "CHUNK", chunk)
+        assert _both(path) == (slow, fast)
+
+
+def test_chunked_lines_are_the_bounded_lines(tmp_path, monkeypatch):
+    """fastscan.chunks splits a file as conform.bounded_lines does: over-long lines (one
+    ``None``), a last line without newline, NUL padding, empty lines, any read size."""
+    monkeypatch.setattr(conform, "MAX_LINE", 50)
+    monkeypatch.setattr(fastscan, "MAX_LINE", 50)
+    bodies = [
+        b"a\n" + b"b" * 50 + b"\n" + b"c" * 51 + b"\n" + b"d" * 120 + b"\n\n" + b"e\n" + b"f" * 50,
+        b"x" * 200,
+        b"\n".join([b"y" * 49, b"z" * 51, b"w"]) + b"\n" + b"\0" * 40,
+        b"ok\n" + b"\0" * 60,
+        "caf\u00e9\n\u2603\n".encode(),
+        b"",
+    ]
+    for i, body in enumerate(bodies):
+        path = tmp_path / f"f{i}"
+        path.write_bytes(body)
+        with open(path, "rb") as f:
+            want = list(conform.bounded_lines(f))
+        for chunk in (1, 7, 50, 51, 64, 1000):
+            monkeypatch.setattr(fastscan, "CHUNK", chunk)
+            with open(path, "rb") as f:
+                assert list(fastscan._lines(f)) == want, (i, chunk)
+
+
+def test_over_long_and_nul_padded_files_read_the_same(tmp_path, monkeypatch):
+    monkeypatch.setattr(conform, "MAX_LINE", 300)
+    monkeypatch.setattr(fastscan, "MAX_LINE", 300)
+    monkeypatch.setattr(fastscan, "CHUNK", 300)
+    path = tmp_path / "rank00000-h-1-a0.jsonl"
+    lines = [json.dumps(HEADER)] + [_line(TRICKY[1], i) for i in range(50)]
+    lines.insert(20, '{"t":"c","op":"x","g":"0","s":1,"x":["' + "q" * 400 + '"],"ts":1,"d":1,"site":1}')
+    path.write_bytes(("\n".join(lines) + "\n").encode() + b"\0" * 250)
+    slow, fast = _both(path)
+    assert slow == fast and slow["bad_lines"] == 1 and not slow["truncated"] and slow["events"] == 50
+
+
+def test_hostile_lines_read_in_linear_time(tmp_path):
+    """Long lines full of look-alike fields (the chunk pattern must not backtrack over them):
+    ~1 MB of them reads in well under a second; a quadratic scan would take minutes."""
+    import time
+
+    frag = b'"ts":1,"d":1,"site":1,"s":1,'
+    bodies = [b'{"t":"c","op":"x","g":"0","s":1,' + frag * 10000 + b'"z":1\n',
+              b'{"t":"c","op":"x","g":"0","s":1,"' + b'"' * 300000 + b"\n",
+              b'{"t":"c","op":"x","g":"0","s":1,"ts":1,"d":1,"site":1' + b',"a":1' * 50000 + b"\n"]
+    path = tmp_path / "rank00000-h-1-a0.jsonl"
+    ok = b'{"t":"c","op":"x","g":"0","s":%d,"ts":1,"d":1,"site":1}\n'
+    path.write_bytes(json.dumps(HEADER).encode() + b"\n" + b"".join(bodies)
+                     + b"".join(ok % (i + 1) for i in range(100)))
+    t = time.process_time()
+    rt = load.read_rank(str(path))
+    assert time.process_time() - t < 20
+    assert rt.bad_lines == 3 and rt.events == 100

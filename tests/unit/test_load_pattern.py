@@ -1,5 +1,6 @@
-"""The loader's ``c``-line pattern with possessive quantifiers (Python 3.11+) matches exactly
-what the plain pattern matches, with the same groups, on ordinary and on look-alike lines."""
+"""The loader's ``c``-line pattern (analysis/fastscan.py): the possessive form (Python 3.11+)
+matches exactly what the plain form matches, with the same groups, on ordinary and look-alike
+lines; the chunk scanner splits a chunk into the same shape keys as the line pattern."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 
 import pytest
 
-from ddpdoctor.analysis import load
+from ddpdoctor.analysis import fastscan
 
 LINES = [
     b'{"t":"c","op":"all_reduce","g":"0","s":101,"x":["float32[1024]"],"n":1024,"rop":"SUM","ts":301000,"d":569,"site":1}\n',
@@ -19,20 +20,35 @@ LINES = [
     b'{"t":"c","op":"x","g":"0","s":1,"ts":1,"d":1,"site":1}',
     b'{"t":"c","op":"x","g":"0","s":1,"ts":1,"d":1,"site":1,"step":}\n',
     b'{"t":"c","op":"x","g":"0","s":1,"ts":1,"d":1,"site":12345678901234567890,"k":[1,2]}\n',
+    b'{"t":"c","op":"x","g":"0","s":1,"ts":1234567890123456789,"d":1,"site":1}\n',
     b'{"t":"c","s":1,"s":2,"ts":1,"ts":2,"d":1,"site":1}\n',
     b'{"t":"c","op":"x","g":"0","s":1,"ts":1,"d":1,"site":1}}\n',
-    b'{"t":"c",' + b'"a":"' + b'"' * 2000 + b'","s":1,"ts":1,"d":1,"site":1}\n',
+    b'{"t":"c","op":"x","g":"0","s":1,' + b'"a":"' + b'"' * 2000 + b'","ts":1,"d":1,"site":1}\n',
+    '{"t":"c","op":"x","g":"0","s":1,"x":["é\u2028"],"ts":1,"d":1,"site":1}\n'.encode(),
 ]
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="possessive quantifiers need Python 3.11")
 def test_possessive_pattern_matches_like_the_plain_one():
-    assert load._FAST_C is not load._FAST_C_PLAIN
+    assert fastscan.LINE is not fastscan.LINE_PLAIN
     matched = 0
     for line in LINES:
-        a, b = load._FAST_C_PLAIN.match(line), load._FAST_C.match(line)
+        a, b = fastscan.LINE_PLAIN.match(line), fastscan.LINE.match(line)
         assert (a is None) == (b is None), line
         if a is not None:
             matched += 1
             assert a.groups() == b.groups() and a.regs == b.regs, line
-    assert matched >= 5
+    assert matched >= 6
+
+
+def test_chunk_rows_have_the_line_keys():
+    """Every line the line pattern matches is one row of the chunk scan, with the same key, and
+    the rows' gaps and lines put together are the chunk."""
+    chunk = b"".join(x if x.endswith(b"\n") else x + b"\n" for x in LINES)
+    chunk += b'{"t":"p","op":"send","g":"0","ch":"0>1","s":1,"ts":1,"d":1,"site":1}\n'
+    rows = fastscan._SCAN.findall(chunk)
+    taken = [r for r in rows if r[fastscan._LINE]]
+    want = [fastscan.line_key(m) for m in map(fastscan.LINE.match, chunk.splitlines(keepends=True)) if m]
+    assert [fastscan._KEY(r) for r in taken] == want
+    assert len(want) >= 6
+    assert b"".join(r[fastscan._GAP] + r[fastscan._LINE] for r in rows) == chunk
