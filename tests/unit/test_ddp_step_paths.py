@@ -4,6 +4,7 @@ give: the forward's call site is ``SiteTable.at``'s, and the output hook is inst
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -86,3 +87,114 @@ def test_hook_output_is_register_hook(monkeypatch):
     ddp._hook_output(y, lambda g: seen.append(("second", float(g))))
     y.backward()
     assert seen[2:] == [("first", 1.0), ("second", 1.0)]
+
+
+class _Rec:
+    """What the backward hook uses of the recorder."""
+
+    def __init__(self) -> None:
+        self.seq: dict = {}
+        self.t0_ns = 0
+        self.inflight: dict = {}
+        self.writer = None
+        self._ddp_ptrs = {"dirty": False, "map": {}}
+        self.lines: list[str] = []
+
+    def emit_bytes(self, data: bytes) -> None:
+        self.lines.append(data.decode())
+
+    def internal_error(self, exc: BaseException) -> None:
+        raise exc
+
+
+def _hooked_loss(rec):
+    x = torch.ones(3, requires_grad=True)
+    out = x * 2
+    info = {"g": "0", "bwd": 0, "fwd": 1, "grads": None}
+    ddp._hook_output(out, ddp._BackwardHook(rec, info, 4))
+    return out.sum()
+
+
+def _wrapped(monkeypatch):
+    from torch import autograd
+    from torch.autograd import graph
+
+    from ddpdoctor.rank.patches import ddpbackward
+
+    monkeypatch.setattr(ddp, "_TENSOR", [torch.Tensor])
+    w = ddpbackward._wrap(graph._engine_run_backward)
+    monkeypatch.setattr(graph, "_engine_run_backward", w)
+    monkeypatch.setattr(autograd, "_engine_run_backward", w)
+    return ddpbackward
+
+
+def test_a_backward_ends_when_the_wrapped_call_returns(monkeypatch):
+    ddpbackward = _wrapped(monkeypatch)
+    rec = _Rec()
+    _hooked_loss(rec).backward()
+    _hooked_loss(rec).backward()
+    assert [json.loads(line)["s"] for line in rec.lines] == [1, 2]
+    assert all(json.loads(line)["op"] == "ddp_backward" for line in rec.lines)
+    assert rec.inflight == {} and ddpbackward.PENDING == [] and ddpbackward.STACK == []
+
+
+def test_a_backward_inside_a_backward_ends_the_outer_one_last(monkeypatch):
+    """A reentrant backward (checkpointing) returns first: the outer event stays open until
+    the outer call returns, and a hook firing inside the inner one takes engine callbacks."""
+    ddpbackward = _wrapped(monkeypatch)
+    rec = _Rec()
+    seen = []
+
+    class _Inner(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            inner = _Rec()
+            with torch.enable_grad():
+                _hooked_loss(inner).backward()  # a DDP backward inside the outer one
+            seen.append((len(rec.lines), len(inner.lines), len(ddpbackward.PENDING)))
+            return g
+
+    x = torch.ones(3, requires_grad=True)
+    out = _Inner.apply(x) * 2
+    ddp._hook_output(out, ddp._BackwardHook(rec, {"g": "0", "bwd": 0, "fwd": 1, "grads": None}, 4))
+    out.sum().backward()
+    assert seen == [(0, 1, 1)]  # inner ended (through callbacks), outer still pending
+    assert len(rec.lines) == 1 and rec.inflight == {} and ddpbackward.PENDING == []
+
+
+def test_a_backward_that_raises_ends_no_event(monkeypatch):
+    ddpbackward = _wrapped(monkeypatch)
+    rec = _Rec()
+
+    class _Boom(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            raise ValueError("boom")
+
+    x = torch.ones(3, requires_grad=True)
+    out = _Boom.apply(x) * 2
+    ddp._hook_output(out, ddp._BackwardHook(rec, {"g": "0", "bwd": 0, "fwd": 1, "grads": None}, 4))
+    try:
+        out.sum().backward()
+    except ValueError as exc:
+        assert str(exc) == "boom"
+    else:
+        raise AssertionError("the backward's own error must propagate")
+    assert rec.lines == [] and rec.inflight == {} and ddpbackward.STACK == [] and ddpbackward.PENDING == []
+
+
+def test_a_backward_not_through_the_wrapper_takes_engine_callbacks(monkeypatch):
+    monkeypatch.setattr(ddp, "_TENSOR", [torch.Tensor])
+    rec = _Rec()
+    loss = _hooked_loss(rec)
+    torch.autograd.Variable._execution_engine.run_backward(
+        (loss,), (torch.ones(()),), False, False, (), allow_unreachable=True, accumulate_grad=True)
+    assert len(rec.lines) == 1 and rec.inflight == {}
