@@ -25,7 +25,7 @@ from collections import OrderedDict as _OrderedDict
 from ...trace.records import InFlight
 from .. import recorder as recorder_mod
 from ..callsite import resume_frames
-from . import WRAPPED, ddpbackward
+from . import WRAPPED
 
 _MARK = WRAPPED
 #: Identity without id(), which raises an audit event (a call into every audit hook) per use.
@@ -195,7 +195,6 @@ def patch() -> None:
                       "find_unused": bool(getattr(self, "find_unused_parameters", False)),
                       "params": [[n, list(p.shape)] for n, p in named[:40]]})
             rec.ddp_refs.append(weakref.ref(self))
-            ddpbackward.install()  # where a DDP backward ends, without engine callbacks
             rec.__dict__.setdefault("_ddp_ptrs", {"dirty": True, "map": {}})["dirty"] = True
             self._ddpdoctor = {"g": gname, "site": site, "bwd": 0, "fwd": 0, "grads": None,
                                "fkey": ("ddp_fwd", _identity(self))}
@@ -365,13 +364,10 @@ class _BackwardHook:
             seqs[g] = seq
             self.start = start = (_perf_ns() - rec.t0_ns) // 1000
             rec.inflight[key] = ("ddp_backward", g, seq, self.site, start)
-            if len(_BWD_STACK) == 1:  # one wrapped backward call in flight: it ends the event
-                _BWD_PENDING.append(self)  # (ddpbackward.py)
-            else:
-                # This hook runs before any parameter's gradient, so a callback queued now would
-                # run before the one DDP queues to wait for its all-reduce; queueing again from
-                # inside ours puts the end of the event after DDP's wait.
-                _queue_callback(self._requeue)
+            # This hook runs before any parameter's gradient, so a callback queued now would run
+            # before the one DDP queues to wait for its all-reduce; queueing again from inside
+            # ours puts the end of the event after DDP's wait.
+            _queue_callback(self._requeue)
             grads = info["grads"]
             if grads is not None:  # DD015/DD016 (grads.py): before DDP queues its end-of-backward callback
                 grads(grad, step, self.site)
@@ -381,10 +377,6 @@ class _BackwardHook:
 
     def _requeue(self) -> None:
         _queue_callback(self._done)
-
-    def _abandon(self) -> None:
-        """The backward raised: no event (the engine runs no callback either), no entry left."""
-        self.rec.inflight.pop(self.key, None)
 
     def _done(self) -> None:
         rec = self.rec
@@ -406,8 +398,6 @@ def _queue_callback(callback) -> None:
 
 
 _get_ident = threading.get_ident
-_BWD_STACK = ddpbackward.STACK
-_BWD_PENDING = ddpbackward.PENDING
 
 
 def _patch_join() -> None:
