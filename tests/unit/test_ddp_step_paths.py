@@ -4,6 +4,7 @@ give: the forward's call site is ``SiteTable.at``'s, and the output hook is inst
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -86,3 +87,62 @@ def test_hook_output_is_register_hook(monkeypatch):
     ddp._hook_output(y, lambda g: seen.append(("second", float(g))))
     y.backward()
     assert seen[2:] == [("first", 1.0), ("second", 1.0)]
+
+
+class _Rec:
+    """What the backward hook uses of the recorder."""
+
+    def __init__(self) -> None:
+        self.seq: dict = {}
+        self.t0_ns = 0
+        self.inflight: dict = {}
+        self.writer = None
+        self._ddp_ptrs = {"dirty": False, "map": {}}
+        self.lines: list[str] = []
+
+    def emit_bytes(self, data: bytes) -> None:
+        self.lines.append(data.decode())
+
+    def internal_error(self, exc: BaseException) -> None:
+        raise exc
+
+
+def _hooked(rec, x):
+    out = x * 2
+    ddp._hook_output(out, ddp._BackwardHook(rec, {"g": "0", "bwd": 0, "fwd": 1, "grads": None}, 4))
+    return out.sum()
+
+
+def test_the_backward_event_ends_after_the_backward(monkeypatch):
+    monkeypatch.setattr(ddp, "_TENSOR", [torch.Tensor])
+    rec = _Rec()
+    x = torch.ones(3, requires_grad=True)
+    for _ in range(2):
+        _hooked(rec, x).backward()
+    recs = [json.loads(line) for line in rec.lines]
+    assert [(r["op"], r["s"], r["site"]) for r in recs] == [("ddp_backward", 1, 4), ("ddp_backward", 2, 4)]
+    assert rec.inflight == {} and x.grad.tolist() == [4.0, 4.0, 4.0]
+
+
+def test_a_backward_that_raises_writes_no_event(monkeypatch):
+    monkeypatch.setattr(ddp, "_TENSOR", [torch.Tensor])
+
+    class _Boom(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            raise ValueError("boom")
+
+    rec = _Rec()
+    x = torch.ones(3, requires_grad=True)
+    loss = _hooked(rec, _Boom.apply(x))
+    try:
+        loss.backward()
+    except ValueError as exc:
+        assert str(exc) == "boom"  # the program's own error, unchanged
+    else:
+        raise AssertionError("the backward's error must propagate")
+    assert rec.lines == [] and len(rec.inflight) == 1  # left to staleinflight, as before
