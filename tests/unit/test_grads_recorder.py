@@ -107,3 +107,14 @@ def test_odd_gradients_never_raise():
     g(torch.ones(3, dtype=torch.int64), 2, 5)
     g(torch.ones(3, dtype=torch.float16) * float("inf"), 3, 5)
     assert rec.errors == [] and [r["kind"] for r in rec.out if r["at"] == "local"] == ["inf"]
+
+
+def test_a_sum_that_overflows_is_no_finding():
+    rec, _net, g = _setup()
+    big = torch.full((4, 2), 3e38)  # finite float32 elements whose sum is +inf
+    for step in range(1, 4):
+        g(big, step, 5)
+    assert rec.out == [] and rec.errors == []
+    big[0, 0] = float("inf")
+    g(big, 4, 5)
+    assert [(r["at"], r["kind"]) for r in rec.out] == [("local", "inf")]

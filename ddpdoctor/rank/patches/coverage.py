@@ -28,6 +28,7 @@ from array import array
 
 from .. import recorder as recorder_mod
 from . import WRAPPED
+from .stephooks import STEPS as _STEPS
 
 #: Distinct indices kept exactly per pass; above, a hash-threshold sample of about this many.
 MAX_KEEP = 1 << 16
@@ -40,7 +41,7 @@ _KNUTH = 2654435761
 ENABLED = os.environ.get("DDPDOCTOR_COVERAGE", "1") != "0"
 
 _state: dict = {"iters": {}, "open": weakref.WeakValueDictionary(), "closed": [], "budget": BUDGET,
-                "steps": 0, "installed": False, "exit": False}
+                "installed": False, "exit": False}
 _made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # sampler/Subset/loader -> site id
 _subset_ix: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Subset -> its indices as a tensor
 
@@ -117,7 +118,7 @@ class _Tap:
         key = self.info.get("created")
         self.it = _state["iters"].get(key, 0)
         _state["iters"][key] = self.it + 1
-        self.steps0 = _state["steps"]
+        self.steps0 = _STEPS[0]
         _state["open"][id(self)] = self
 
     def finish(self, full: bool) -> None:
@@ -242,7 +243,7 @@ def _record(tap: _Tap, full: bool) -> dict:
     import torch
 
     info = tap.info
-    rec = {"t": "cov", "it": tap.it, "full": int(full), "nb": tap.nb, "steps": _state["steps"] - tap.steps0}
+    rec = {"t": "cov", "it": tap.it, "full": int(full), "nb": tap.nb, "steps": _STEPS[0] - tap.steps0}
     for k in ("created", "order", "site", "smp", "dist", "repl", "kind", "sub", "ep"):
         if info.get(k) is not None:
             rec[k] = info[k]
@@ -273,10 +274,6 @@ def _record(tap: _Tap, full: bool) -> dict:
         rec["rate"] = rate
         rec["ix"] = text
     return rec
-
-
-def _count_step(opt, args, kwargs):
-    _state["steps"] += 1
 
 
 def _at_exit() -> None:
@@ -429,9 +426,5 @@ def patch() -> None:
     _wrap(base, "__init__", make_init)
     _wrap(base, "_reset", make_reset)
     _wrap(base, "__next__", make_next)
-    try:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        register_optimizer_step_post_hook(_count_step)
-    except ImportError:
-        pass
+    # optimizer steps are counted by each optimizer's post hook (stephooks.STEPS), shared with
+    # the replica digests: one Python call per step instead of one per feature

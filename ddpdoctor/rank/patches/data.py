@@ -15,7 +15,7 @@ import weakref
 import zlib
 
 from .. import recorder as recorder_mod
-from . import WRAPPED
+from . import WRAPPED, stephooks
 
 _MARK = WRAPPED
 
@@ -138,6 +138,7 @@ def patch() -> None:
         def __init__(self, params, *args, **kwargs):
             params = list(params) if not isinstance(params, (list, tuple)) else params
             orig(self, params, *args, **kwargs)
+            stephooks.on_optimizer(self)  # its first step (on_first_step) and step counts
             rec = _rec()
             if rec is not None and rec.writer is not None:
                 try:
@@ -153,7 +154,6 @@ def patch() -> None:
         return __init__
 
     _wrap(torch.optim.Optimizer, "__init__", make_optim)
-    _install_step_hook()
 
 
 def _sharded(ps) -> bool:
@@ -173,22 +173,20 @@ def _in_ddp(rec, ps) -> int:
 
 
 _stepped: weakref.WeakSet = weakref.WeakSet()
-# torch's optimizer step hooks are process-global and never removed: so is this flag.
-_hook_installed = False
 
 
-def _on_first_step(opt, args, kwargs):
-    """Global optimizer step pre-hook; records each optimizer's first step only, returns None
-    (the step runs unchanged)."""
+def on_first_step(opt) -> None:
+    """An optimizer's first step is about to run (its own pre hook, stephooks.py, removed once
+    that step is over): record the parameters and gradients it starts from."""
     try:
-        if opt in _stepped:
-            return None
+        if opt in _stepped:  # a first step that raised: its pre hook was left in place
+            return
         _stepped.add(opt)
     except TypeError:  # an unhashable optimizer subclass: not recorded
-        return None
+        return
     rec = _rec()
     if rec is None or rec.writer is None:
-        return None
+        return
     try:
         from .ddp import fingerprint
 
@@ -197,19 +195,9 @@ def _on_first_step(opt, args, kwargs):
         rec.emit({"t": "optim", "at": "step", "id": id(opt) & 0xFFFFFF, "cls": type(opt).__name__,
                   "nparams": len(ps), "fp": fingerprint(ps),
                   "gfp": fingerprint(grads) if grads else "none", "in_ddp": _in_ddp(rec, ps),
-                  "sharded": _sharded(ps), "ts": rec.now_us(), "site": rec.sites.current(2)})
+                  "sharded": _sharded(ps), "ts": rec.now_us(), "site": rec.sites.current(3)})
     except Exception as exc:
         rec.internal_error(exc)
-    return None
 
 
-def _install_step_hook() -> None:
-    global _hook_installed
-    if _hook_installed:
-        return
-    try:
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-    except ImportError:  # older torch: the construction record alone
-        return
-    register_optimizer_step_pre_hook(_on_first_step)
-    _hook_installed = True
+stephooks.HOOKS.first_step = on_first_step  # each optimizer's first-step pre hook calls it

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import threading
 import time
 import weakref
 import zlib
+from collections import OrderedDict as _OrderedDict
 
 from ...trace.records import InFlight
 from .. import recorder as recorder_mod
@@ -142,6 +144,11 @@ def patch() -> None:
     DDP = ddp_mod.DistributedDataParallel
     if getattr(DDP.__init__, _MARK, False):
         return
+    global _queue_callback
+    _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+    Tensor = _TENSOR[0] = torch.Tensor
+    _MODULE_GLOBALS[0] = vars(sys.modules["torch.nn.modules.module"])
+    is_grad_enabled = torch.is_grad_enabled
     orig_init = DDP.__init__
     orig_forward = DDP.forward
     rec_get = recorder_mod.get
@@ -189,7 +196,8 @@ def patch() -> None:
                       "params": [[n, list(p.shape)] for n, p in named[:40]]})
             rec.ddp_refs.append(weakref.ref(self))
             rec.__dict__.setdefault("_ddp_ptrs", {"dirty": True, "map": {}})["dirty"] = True
-            self._ddpdoctor = {"g": gname, "site": site, "bwd": 0, "fwd": 0}
+            self._ddpdoctor = {"g": gname, "site": site, "bwd": 0, "fwd": 0, "grads": None,
+                               "fkey": ("ddp_fwd", _identity(self))}
         except Exception as exc:
             rec.internal_error(exc)
         from . import replicas  # digests of the replica (replica-drift); off the step path
@@ -206,18 +214,19 @@ def patch() -> None:
         if rec is None or not rec.enabled or info is None or rec.local.depth:
             return orig_forward(self, *inputs, **kwargs)
         try:
-            grad = torch.is_grad_enabled()
-            sync_bufs = bool(self._check_sync_bufs_pre_fwd())
+            grad = is_grad_enabled()
+            # DDP's own test, two Python calls: only for a module with buffers to broadcast
+            sync_bufs = bool(self.modules_buffers) and bool(self._check_sync_bufs_pre_fwd())
             rebuilt_before = getattr(self, "_has_rebuilt_buckets", True)
             comm = sync_bufs or (grad and not rebuilt_before and info["bwd"] > 0)
             gname = info["g"]
             try:  # the caller's frame without sys._getframe (an audit event): see callsite
-                site = rec.sites.at(resume_frames(None).f_back)
+                site = _forward_site(rec.sites, resume_frames(None).f_back)
             except ValueError:  # another thread is inside the frame generator
                 site = rec.sites.current(2)
             seq = rec.next_seq(gname) if comm else 0
             start = (_perf_ns() - rec.t0_ns) // 1000
-            fkey = ("ddp_fwd", _identity(self))
+            fkey = info["fkey"]
             rec.inflight[fkey] = ("ddp_forward", gname, seq, site, start)
         except Exception as exc:
             rec.internal_error(exc)
@@ -242,19 +251,19 @@ def patch() -> None:
             rebuilt = rebuilt_before is False and getattr(self, "_has_rebuilt_buckets", False) is True
             if rebuilt and not comm:  # it did communicate after all
                 comm, seq = True, rec.next_seq(gname)
-            extra = ',"bufs":1' if sync_bufs else ""
-            extra += ',"grad":1' if grad else ""
-            kind = "c" if comm else "e"
-            _store(rec, f'{{"t":"{kind}","op":"ddp_forward","g":"{gname}","s":{seq},"ts":{start},'
-                        f'"d":{(_perf_ns() - rec.t0_ns) // 1000 - start},"site":{site},'
-                        f'"step":{info["fwd"]}{extra}}}\n')
-            rec.__dict__["_ddp_ptrs"]["dirty"] = True
+            _store(rec, f'{{"t":"{"c" if comm else "e"}","op":"ddp_forward","g":"{gname}","s":{seq},'
+                        f'"ts":{start},"d":{(_perf_ns() - rec.t0_ns) // 1000 - start},"site":{site},'
+                        f'"step":{info["fwd"]}{_EXTRA[sync_bufs + 2 * grad]}}}\n')
+            rec._ddp_ptrs["dirty"] = True
             if grad and self.require_backward_grad_sync:
-                t = _first_grad_tensor(out)
+                if type(out) is Tensor:  # the common case, without a call
+                    t = out if out.requires_grad else None
+                else:
+                    t = _first_grad_tensor(out)
                 if t is not None:
                     # (a tensor hook, not a pre-hook of its node, which would be ~25 bytecodes
                     # cheaper: the hook is handed this tensor's own gradient, see grads.py)
-                    t.register_hook(_BackwardHook(rec, info, gname, site))
+                    _hook_output(t, _BackwardHook(rec, info, site))
         except Exception as exc:
             rec.internal_error(exc)
         return out
@@ -265,6 +274,59 @@ def patch() -> None:
     DDP.forward = forward
     compiled.before_compile(lambda: compiled.run_eagerly(DDP, "forward"))
     _patch_join()
+
+
+def _forward_site(sites, f) -> int:
+    """``sites.at(f)`` for a DDP forward called as ``model(x)``: ``f`` is nn.Module's
+    ``_call_impl``, under ``_wrapped_call_impl``, under the user's line. The same key and the
+    same table as ``SiteTable.at`` (so the same site id), found without its general walk: the
+    two frames of nn.Module are passed by the identity of their globals, and the user's frame
+    must be one ``at`` has already classified as the user's, with the key already interned
+    (~70 bytecodes less per step, issue #11). Anything else takes ``at`` itself."""
+    g = f.f_globals
+    if g is _MODULE_GLOBALS[0]:
+        u = f.f_back
+        if u is not None and u.f_globals is g:
+            u = u.f_back
+        if u is not None:
+            # (nn.Module's own globals are plain library code, kind 1, for ``at`` too: torch is
+            # a skip prefix from activation on)
+            uk = sites._gkind.get(_identity(u.f_globals))
+            if uk is not None and not uk[1]:
+                cid = _identity(u.f_code)
+                if sites._lib.get(cid) == 0:
+                    b = u.f_back
+                    sid = sites._at.get((cid, u.f_lasti, -1 if b is None else b.f_lasti))
+                    if sid is not None:
+                        return sid
+    return sites.at(f)
+
+
+_MODULE_GLOBALS: list = [None]
+
+#: The forward record's optional fields, by ``sync_bufs + 2 * grad``.
+_EXTRA = ("", ',"bufs":1', ',"grad":1', ',"bufs":1,"grad":1')
+
+
+def _hook_output(t, hook) -> None:
+    """``t.register_hook(hook)`` without the handle, which is never used: the same dict of hooks
+    on the tensor and the same registration with its autograd node, minus a Python method, an
+    import statement and a ``RemovableHandle`` per step (~60 bytecodes, issue #11). A tensor
+    that already has hooks, no node or a ``__torch_function__`` type takes the public call."""
+    if type(t) is _TENSOR[0] and t._backward_hooks is None:
+        fn = t.grad_fn
+        if fn is not None:
+            hooks = _OrderedDict()
+            hooks[_HOOK_ID] = hook
+            t._backward_hooks = hooks
+            fn._register_hook_dict(t)
+            return
+    t.register_hook(hook)
+
+
+#: Our key in the output's hook dict: ``RemovableHandle`` numbers its hooks from 0 upwards.
+_HOOK_ID = -1
+_TENSOR: list = [None]
 
 
 def _store(rec, line: str) -> None:
@@ -280,64 +342,62 @@ def _store(rec, line: str) -> None:
 class _BackwardHook:
     """Marks the start of DDP's gradient all-reduce (backward reaches the output) and, through an
     autograd-engine callback, its end. The callbacks are this object's bound methods: nothing
-    else is made per step (a closure and a lambda per backward before)."""
+    else is made per step (a closure and a lambda per backward before). ``key`` is None until
+    the hook fired (it fires once: a second output of the same forward reaching it later is
+    the same backward)."""
 
-    __slots__ = ("rec", "info", "g", "site", "fired", "key", "seq", "start", "step")
+    __slots__ = ("rec", "info", "site", "key", "seq", "start", "step")
 
-    def __init__(self, rec, info, gname, site) -> None:
-        self.rec, self.info, self.g, self.site = rec, info, gname, site
-        self.fired = False
+    def __init__(self, rec, info, site) -> None:
+        self.rec, self.info, self.site, self.key = rec, info, site, None
 
     def __call__(self, grad):
-        if self.fired:
+        if self.key is not None:
             return None
-        self.fired = True
         rec = self.rec
         try:
             info = self.info
-            info["bwd"] += 1
-            self.step = info["bwd"]
-            seqs = rec.seq
-            self.seq = seq = seqs.get(self.g, 0) + 1
-            seqs[self.g] = seq
-            self.start = start = (_perf_ns() - rec.t0_ns) // 1000
             self.key = key = ("ddp_bwd", _get_ident())
-            rec.inflight[key] = ("ddp_backward", self.g, seq, self.site, start)
+            self.step = step = info["bwd"] = info["bwd"] + 1
+            g = info["g"]
+            seqs = rec.seq
+            self.seq = seq = seqs.get(g, 0) + 1
+            seqs[g] = seq
+            self.start = start = (_perf_ns() - rec.t0_ns) // 1000
+            rec.inflight[key] = ("ddp_backward", g, seq, self.site, start)
             # This hook runs before any parameter's gradient, so a callback queued now would run
             # before the one DDP queues to wait for its all-reduce; queueing again from inside
             # ours puts the end of the event after DDP's wait.
-            _engine().queue_callback(self._requeue)
-            if "grads" in info:  # DD015/DD016 (grads.py): before DDP queues its end-of-backward callback
-                info["grads"](grad, self.step, self.site)
+            _queue_callback(self._requeue)
+            grads = info["grads"]
+            if grads is not None:  # DD015/DD016 (grads.py): before DDP queues its end-of-backward callback
+                grads(grad, step, self.site)
         except Exception as exc:
             rec.internal_error(exc)
         return None
 
     def _requeue(self) -> None:
-        _engine().queue_callback(self._done)
+        _queue_callback(self._done)
 
     def _done(self) -> None:
         rec = self.rec
         rec.inflight.pop(self.key, None)
         # gradients exist now (the first backward creates them): rebuild the overlap map
-        rec.__dict__.setdefault("_ddp_ptrs", {"dirty": True, "map": {}})["dirty"] = True
+        rec._ddp_ptrs["dirty"] = True
         start = self.start
-        _store(rec, f'{{"t":"c","op":"ddp_backward","g":"{self.g}","s":{self.seq},"ts":{start},'
+        _store(rec, f'{{"t":"c","op":"ddp_backward","g":"{self.info["g"]}","s":{self.seq},"ts":{start},'
                     f'"d":{(_perf_ns() - rec.t0_ns) // 1000 - start},"site":{self.site},'
                     f'"step":{self.step}}}\n')
 
 
-def _engine():
-    """The autograd engine (``queue_callback``), looked up once."""
-    eng = _ENGINE[0]
-    if eng is None:
-        import torch
+def _queue_callback(callback) -> None:
+    """The autograd engine's ``queue_callback``; ``patch`` rebinds this name to the engine's bound
+    method itself (no Python frame per call)."""
+    import torch
 
-        eng = _ENGINE[0] = torch.autograd.Variable._execution_engine
-    return eng
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
 
 
-_ENGINE: list = [None]
 _get_ident = threading.get_ident
 
 

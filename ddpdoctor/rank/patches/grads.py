@@ -34,7 +34,8 @@ EVERY = max(1, int(os.environ.get("DDPDOCTOR_GRADS_EVERY", "1") or 1))
 FIRST = 3
 _isfinite = math.isfinite
 
-_state: dict = {"mods": [], "opt": weakref.WeakKeyDictionary(), "installed": False}
+#: "hook": the global optimizer pre hook's handle while armed (_arm), else None
+_state: dict = {"mods": [], "opt": weakref.WeakKeyDictionary(), "installed": False, "hook": None}
 
 
 class _Grads:
@@ -51,6 +52,7 @@ class _Grads:
         self.counts: dict[str, int] = {}
         self.paramuse = None  # paramuse.Used for find_unused_parameters models
         self.fast = None  # the dtype of a CPU float32/float64 output gradient seen before
+        self.quiet = False  # fast known, nothing pending, no paramuse, no step hook armed
 
     def __call__(self, grad, step: int, site) -> None:
         """DDP's backward reached the model's output (``grad``: the gradient there, local)."""
@@ -59,11 +61,10 @@ class _Grads:
                 self.paramuse.on_backward(step, site)
             return
         try:
-            if self.fast is not None and not (self.pending_step or self.device) and self.paramuse is None \
-                    and grad.dtype is self.fast and grad.is_cpu:
+            if self.quiet and grad.dtype is self.fast and grad.is_cpu:
                 # the common case, kept short: one reduction, one read
                 if not _isfinite(grad.sum().item()):
-                    self._local(step, site, "nan" if bool(_torch().isnan(grad).any()) else "inf")
+                    self._found(grad, step, site)
                 return
             self._check(grad, step, site)
         except Exception as exc:
@@ -80,11 +81,24 @@ class _Grads:
                 if grad.element_size() >= 4:
                     self.fast = grad.dtype
                 if not _isfinite(s.item()):
-                    self._local(step, site, "nan" if bool(_torch().isnan(grad).any()) else "inf")
+                    self._found(grad, step, site)
             else:
                 self._defer(step, site, s)
         if self.paramuse is not None:
             self.paramuse.on_backward(step, site)
+        if _state["hook"] is not None:
+            _disarm_if_idle()  # here, in a backward: never inside torch's loop over the pre hooks
+        self.quiet = self.fast is not None and not (self.pending_step or self.device) \
+            and self.paramuse is None and _state["hook"] is None
+
+    def _found(self, grad, step: int, site) -> None:
+        """The sum of the output gradient was not finite (rare path): NaN, Inf, or only a sum of
+        large finite values that overflowed, which is no finding."""
+        torch = _torch()
+        if bool(torch.isnan(grad).any()):
+            self._local(step, site, "nan")
+        elif not bool(torch.isfinite(grad).all()):
+            self._local(step, site, "inf")
 
     def _count(self, kind: str) -> bool:
         n = self.counts[kind] = self.counts.get(kind, 0) + 1
@@ -101,6 +115,8 @@ class _Grads:
         """This rank's gradient at the output was non-finite at backward ``step`` (rare path)."""
         if not late:
             self.pending_step, self.pending_site = step, site
+            self.quiet = False
+            _arm()
         if not self._count("local"):
             return
         ddp = self.ref()
@@ -120,6 +136,8 @@ class _Grads:
                 self._local(step, site, "nonfinite")
             return
         self.device.append((step, site, host, event))
+        self.quiet = False
+        _arm()
 
     def _poll(self, wait: bool) -> None:
         keep = []
@@ -216,14 +234,33 @@ def _install() -> None:
     _state["installed"] = True
     import atexit
 
+    # the optimizer pre hook is armed only while a non-finite backward awaits its step (_arm)
+    _wrap_scaler()
+    atexit.register(_at_exit)
+
+
+def _arm() -> None:
+    """A non-finite backward (or an accelerator check in flight) awaits the next optimizer step:
+    hook the steps until it is settled. Only then: armed for good, a global pre hook was a
+    Python call on every step of every optimizer (~3k instructions, issue #11)."""
+    if _state["hook"] is not None:
+        return
     try:
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-        register_optimizer_step_pre_hook(_before_step)
-    except ImportError:
+        _state["hook"] = register_optimizer_step_pre_hook(_before_step)
+    except ImportError:  # older torch: the next backward or exit settles it ("none")
         pass
-    _wrap_scaler()
-    atexit.register(_at_exit)
+
+
+def _disarm_if_idle() -> None:
+    """Remove the step pre hook once nothing awaits a step. Called from a backward, never from
+    the hook itself: torch iterates the hook dict while calling it, and removing an entry then
+    raises for a hook registered after ours."""
+    h = _state["hook"]
+    if h is not None and not any(g.pending_step or g.device for g in _state["mods"]):
+        _state["hook"] = None
+        h.remove()
 
 
 def _mods_of(opt) -> list[_Grads]:

@@ -5,7 +5,8 @@ after construction (after DDP's initial broadcast), after each of the first opti
 ``DDPDOCTOR_REPLICA_EVERY`` steps (default 100), before each ``torch.save`` (a checkpoint) and at
 a normal exit. Each tensor contributes a strided sample of at most 64 elements (its exact bits,
 CRC-32) and its in-place version counter, never its contents; so a digest costs a few µs per
-tensor and nothing at all between the points above (one dictionary lookup per optimizer step).
+tensor and nothing at all between the points above (a step count per optimizer step, kept by
+the optimizer's own post hook: stephooks.py).
 On an accelerator the samples are copied to pinned memory asynchronously and the record is written
 once the copy has completed (checked at the next point, at the latest at exit): a digest never
 waits for the device. ``load_state_dict`` into a DDP module (or the module it wraps) is recorded
@@ -19,7 +20,7 @@ import os
 import weakref
 import zlib
 
-from . import WRAPPED, optnest
+from . import WRAPPED, stephooks
 
 #: Elements sampled per tensor.
 SAMPLE = 64
@@ -28,8 +29,7 @@ EVERY = max(1, int(os.environ.get("DDPDOCTOR_REPLICA_EVERY", "100") or 100))
 #: The first optimizer steps, each digested (drift usually starts at once).
 FIRST = 3
 
-#: "opt": optimizer -> the DDP modules it updates (weak keys: an id could be reused by a new one)
-_state: dict = {"mods": [], "opt": weakref.WeakKeyDictionary(), "installed": False, "pending": []}
+_state: dict = {"mods": [], "installed": False, "pending": []}
 
 
 class _Replica:
@@ -40,6 +40,7 @@ class _Replica:
         self.ref = weakref.ref(ddp)
         self.inner = weakref.ref(ddp.module)
         self.steps = 0
+        self.due = 1  # the next step count at which after_step runs (_set_due)
         ignore = set(getattr(ddp, "parameters_to_ignore", ()) or ())
         self.pnames = [n for n, _ in ddp.module.named_parameters() if n not in ignore]
         self.bnames = [n for n, _ in ddp.module.named_buffers() if n not in ignore]
@@ -62,7 +63,7 @@ def on_ddp_init(rec, ddp) -> None:
         _install(rec)
         rep = _Replica(len(_state["mods"]), ddp)
         _state["mods"].append(rep)
-        _state["opt"].clear()  # optimizers' module lists are recomputed
+        stephooks.new_ddp_module()  # optimizers' module lists are recomputed
         _digest(rec, rep, "init", extra={"names": rep.pnames, "bnames": rep.bnames,
                                          "bb": bool(getattr(ddp, "broadcast_buffers", True))})
     except Exception as exc:
@@ -78,13 +79,8 @@ def _install(rec) -> None:
 
     import torch
 
-    try:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        optnest.install()  # before the post-hook: a wrapper's inner step is then told apart
-        register_optimizer_step_post_hook(_after_step)
-    except ImportError:  # older torch: construction, saves and exit only
-        pass
+    # steps are counted by each optimizer's own post hook (stephooks.py), which calls after_step
+    # when a digest is due
     _wrap_save(torch)
     _wrap_load(torch)
     atexit.register(_at_exit)
@@ -111,30 +107,39 @@ def _bind_get() -> None:
     _get = recorder_mod.get
 
 
-def _after_step(opt, args, kwargs) -> None:
-    """Global optimizer step post-hook: count steps per DDP module, digest on schedule."""
-    if not optnest.outermost(opt):  # e.g. ZeRO's local step, before it syncs the shards
-        return
-    try:
-        mods = _state["opt"].get(opt)
-        if mods is None:
-            mods = _state["opt"][opt] = _modules_of(opt)
-    except TypeError:  # an optimizer that cannot be weakly referenced or hashed: not followed
-        return
-    if not mods:
-        return
+def after_step(rep: _Replica) -> None:
+    """An optimizer step that updated ``rep`` is over and reached ``rep.due`` (its post hook,
+    stephooks.py, counted it): digest on schedule, finish pending copies, set the next due step."""
     rec = _rec()
     if rec is None:
         return
     try:
         if _state["pending"]:
             _flush(rec, wait=False)
-        for rep in mods:
-            rep.steps += 1
-            if rep.steps <= FIRST or rep.steps % EVERY == 0:
-                _digest(rec, rep, "step")
+        if rep.steps <= FIRST or rep.steps % EVERY == 0:
+            _digest(rec, rep, "step")
+        _set_due()
     except Exception as exc:
         rec.internal_error(exc)
+
+
+def _next_due(steps: int) -> int:
+    return steps + 1 if steps < FIRST else (steps // EVERY + 1) * EVERY
+
+
+def _set_due() -> None:
+    """Each module's next step that needs ``after_step``: the next digest, or the next step at
+    all while accelerator copies are pending (they are flushed there)."""
+    pending = bool(_state["pending"])
+    for rep in _state["mods"]:
+        rep.due = rep.steps + 1 if pending else _next_due(rep.steps)
+
+
+def modules_of(opt) -> tuple:
+    """The DDP modules this optimizer updates (recomputed when a DDP module is constructed)."""
+    if not ENABLED or not _state["mods"]:
+        return ()
+    return tuple(_modules_of(opt))
 
 
 def _modules_of(opt) -> list[_Replica]:
@@ -210,6 +215,7 @@ def _digest(rec, rep: _Replica, at: str, extra: dict | None = None) -> None:
         except Exception:
             event = None
         _state["pending"].append((meta, host, flat, event))
+        _set_due()  # flushed at the next optimizer step
 
 
 def _emit(rec, meta, data: bytes) -> None:
@@ -304,3 +310,7 @@ def _at_exit() -> None:
         _flush(rec, wait=True)
     except Exception as exc:
         rec.internal_error(exc)
+
+
+stephooks.HOOKS.modules_of = modules_of  # the optimizers' post hooks call these
+stephooks.HOOKS.after_step = after_step
