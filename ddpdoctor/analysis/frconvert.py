@@ -217,8 +217,8 @@ _KEYED = 9
 _FIELDS = itemgetter(*_NAMES)
 _FIELDS_FRAMES = itemgetter(*_NAMES, "frames")  # dumps with stacks: every entry has its frames
 _QUESTION = frozenset({"profiling_name", "state"})  # read with a "?" default
-# a kind's fields (see _Pass.kind)
-_K_OP, _K_SID, _K_OPB, _K_SIGB, _K_BAR, _K_DS, _K_P2P = 1, 3, 9, 10, 11, 12, 14
+# indices of a kind's fields (see _Pass.kind)
+_K_OP, _K_SID, _K_OPB, _K_SIGB, _K_BAR, _K_DS, _K_P2P, _K_NAME = 1, 3, 9, 10, 11, 12, 14, 15
 
 
 def _fields_slow(e: dict) -> tuple:
@@ -246,7 +246,6 @@ class _Pass:
     def __init__(self, sites: _Sites, members: dict, gloo: bool, t0: int, world: int, rt: RankTrace) -> None:
         self.sites, self.members, self.gloo, self.t0, self.world, self.rt = sites, members, gloo, t0, world, rt
         self.kinds: dict[tuple, list] = {}
-        self.shapes: dict[tuple, tuple] = {}
         self.body: list[str] = []
         self.incomplete = 0
         self.stuck: dict[str, list] = {}
@@ -256,7 +255,9 @@ class _Pass:
         self.channels: dict[tuple, int] = {}
 
     def kind(self, e: dict, v: tuple, sid: int) -> list:
-        """The kind of an entry seen for the first time."""
+        """The kind of an entry seen for the first time: [group, op, complete, site, state, world
+        hint, the group's events, three parts of its ``c`` line, op and signature bytes (digests),
+        barrier, durations of its collectives, p2p parts (worked out when first needed), name]."""
         pn, state, retired = v[0], v[7], v[8]
         shape = _shape(e, pn)
         g, op, n, mid, gj, op_b, sig_b = shape
@@ -277,7 +278,7 @@ class _Pass:
     def p2p(self, kind: list, v: tuple) -> tuple | None:
         """A p2p kind's channel and line parts; None when its name tells no channel."""
         g, op, sid = kind[0], kind[_K_OP], kind[_K_SID]
-        pn, gj, tail = kind[15]
+        pn, gj, tail = kind[_K_NAME]
         meta = pn.split(" ", 1)[1] if isinstance(pn, str) and " " in pn else ""
         m, mr = _SEND.match(meta), _RECV.match(meta)
         if not (m or mr):
@@ -311,7 +312,8 @@ class _Pass:
                 frames = v[-1]
             if isinstance(frames, list) and frames:
                 # torch's pickles share equal frame dicts (memo): an entry's stack is, object for
-                # object, the frames list of an earlier entry (list == checks identity first)
+                # object, the frames list of an earlier entry; == checks identity first, and only
+                # stacks whose equal frames name the same site (_plain_stack) are compared so
                 sid = -1
                 for ref, s in stacks.get(id(frames[0]), ()):
                     if ref == frames:
