@@ -16,13 +16,15 @@ Mapping (see docs/flight-recorder.md):
 
 from __future__ import annotations
 
+import gc
 import json
 import linecache
 import os
 import re
 import zlib
 from collections import deque
-from operator import itemgetter, methodcaller
+from itertools import compress
+from operator import itemgetter, methodcaller, sub
 
 from ..trace import sourceinfo
 from . import frdump
@@ -206,10 +208,248 @@ def _shape(e: dict, pn) -> tuple:
             op.encode(), sig)
 
 
+#: Entry fields read with one C call (itemgetter); an entry lacking one is read field by field.
+#: The first ``_KEYED`` decide everything about an entry's line but its position and times.
+_NAMES = ("profiling_name", "process_group", "pg_id", "input_sizes", "input_dtypes", "output_sizes",
+          "output_dtypes", "state", "retired", "time_created_ns", "time_discovered_completed_ns",
+          "collective_seq_id", "is_p2p")
+_KEYED = 9
+_FIELDS = itemgetter(*_NAMES)
+_FIELDS_FRAMES = itemgetter(*_NAMES, "frames")  # dumps with stacks: every entry has its frames
+_QUESTION = frozenset({"profiling_name", "state"})  # read with a "?" default
+# indices of a kind's fields (see _Pass.kind)
+_K_OP, _K_SID, _K_OPB, _K_SIGB, _K_BAR, _K_DS, _K_P2P, _K_NAME = 1, 3, 9, 10, 11, 12, 14, 15
+
+
+def _fields_slow(e: dict) -> tuple:
+    return tuple(e.get(k, "?" if k in _QUESTION else None) for k in _NAMES) + (e.get("frames"),)
+
+
+def _plain_stack(frames: list) -> bool:
+    """Whether every frame is a dict with a str filename and name and an int line: then a frames
+    list equal to this one (``==``) names the same call site (no 1 == True == 1.0 between values
+    whose text differs), so a stack can be recognised by comparison."""
+    return all(type(f) is dict and type(f.get("filename")) is str and type(f.get("name")) is str
+               and type(f.get("line")) is int for f in frames)
+
+
+class _Pass:
+    """One pass over a dump's entries (oldest first): the ``c`` / ``p`` lines and what
+    load.read_rank would compute from them (a test keeps the two equal).
+
+    Entries that agree on the ``_KEYED`` fields and on their frames are one *kind*: its group,
+    op, encoded line parts, call site and completion are worked out once, and each entry adds only
+    its position and times. Real dumps hold a handful of kinds (a training loop repeats its calls),
+    so most of an entry's cost is reading its fields. Per-group digests and per-op counters are
+    summed once at the end (:meth:`finish`) from the kinds, not entry by entry."""
+
+    def __init__(self, sites: _Sites, members: dict, gloo: bool, t0: int, world: int, rt: RankTrace) -> None:
+        self.sites, self.members, self.gloo, self.t0, self.world, self.rt = sites, members, gloo, t0, world, rt
+        self.kinds: dict[tuple, list] = {}
+        self.body: list[str] = []
+        self.incomplete = 0
+        self.stuck: dict[str, list] = {}
+        self.order: list[list] = []  # kinds in the order of their first collective
+        self.gorder: list[str] = []  # groups in the order of their first collective
+        self.gacc: dict[str, list] = {}  # group -> [(seq, offset in the body, kind)]
+        self.channels: dict[tuple, int] = {}
+
+    def kind(self, e: dict, v: tuple, sid: int) -> list:
+        """The kind of an entry seen for the first time: [group, op, complete, site, state, world
+        hint, the group's events, three parts of its ``c`` line, op and signature bytes (digests),
+        barrier, durations of its collectives, p2p parts (worked out when first needed), name]."""
+        pn, state, retired = v[0], v[7], v[8]
+        shape = _shape(e, pn)
+        g, op, n, mid, gj, op_b, sig_b = shape
+        # gloo never moves state past "scheduled": there, a retired entry is a finished work
+        complete = state == "completed" or (bool(retired) and (self.gloo or state not in ("scheduled", "started")))
+        tail = f',"fr":{_dumps(str(state))}' + ("" if complete else ',"pending":1')
+        wc = 0  # the world size an all_gather of the default group tells
+        if g == "0" and n and op in ("all_gather", "all_gather_into_tensor"):
+            _xo, nout = _tensors(v[5], v[6])
+            if nout and nout % n == 0:
+                wc = nout // n
+        ga = self.gacc.get(g)
+        if ga is None:
+            ga = self.gacc[g] = []
+        return [g, op, complete, sid, str(state), wc, ga, f'{{"t":"c","g":{gj},"s":', f',{mid}"ts":',
+                op_b, sig_b, op in BARRIER_OPS, [], f',"site":{sid}{tail}}}\n', None, (pn, gj, tail)]
+
+    def p2p(self, kind: list, v: tuple) -> tuple | None:
+        """A p2p kind's channel and line parts; None when its name tells no channel."""
+        g, op, sid = kind[0], kind[_K_OP], kind[_K_SID]
+        pn, gj, tail = kind[_K_NAME]
+        meta = pn.split(" ", 1)[1] if isinstance(pn, str) and " " in pn else ""
+        m, mr = _SEND.match(meta), _RECV.match(meta)
+        if not (m or mr):
+            return None
+        a, b = (int(m.group(1)), int(m.group(2))) if m else (int(mr.group(2)), int(mr.group(1)))
+        ranks = self.members.get(g)
+        if ranks:  # group ranks -> global ranks
+            a = ranks[a] if a < len(ranks) else a
+            b = ranks[b] if b < len(ranks) else b
+        ch = f"{a}>{b}"
+        x, n = _tensors(v[3], v[4])
+        return ((g, ch), f'{{"t":"p","op":{_dumps(op)},"g":{gj},"ch":"{ch}","s":',
+                f',"x":{_dumps(x)},"n":{n},"ts":', f',"site":{sid}{tail}}}\n', f"{g}:{ch}", ("t|" + str(x)).encode())
+
+    def run(self, entries: list) -> None:
+        kinds, body, stuck, rt, sites = self.kinds, self.body, self.stuck, self.rt, self.sites
+        stacks: dict[int, list] = {}  # id of a stack's first frame -> [(frames, site id)]
+        order, gorder, t0, world = self.order, self.gorder, self.t0, self.world
+        fields, encode = _FIELDS_FRAMES, frdump.encode
+        if entries and "frames" not in entries[0]:
+            fields = _FIELDS
+        append = body.append
+        rel = 0  # byte offset of the next line in the body
+        incomplete = last_ts = 0
+        for e in entries:
+            try:
+                v = fields(e)
+                frames = v[-1] if fields is _FIELDS_FRAMES else e.get("frames")
+            except KeyError:
+                v = _fields_slow(e)
+                frames = v[-1]
+            if isinstance(frames, list) and frames:
+                # torch's pickles share equal frame dicts (memo): an entry's stack is, object for
+                # object, the frames list of an earlier entry; == checks identity first, and only
+                # stacks whose equal frames name the same site (_plain_stack) are compared so
+                sid = -1
+                for ref, s in stacks.get(id(frames[0]), ()):
+                    if ref == frames:
+                        sid = s
+                        break
+                if sid < 0:
+                    sid = sites.get(frames)
+                    if _plain_stack(frames):
+                        stacks.setdefault(id(frames[0]), []).append((frames, sid))
+            else:
+                sid = sites.get(frames)
+            try:
+                kk = (encode(v[:_KEYED]), sid)
+            except RecursionError:  # absurdly nested values: told apart by their repr
+                kk = (tuple(map(repr, v[:_KEYED])), sid)
+            kind = kinds.get(kk)
+            if kind is None:
+                kind = kinds[kk] = self.kind(e, v, sid)
+            g, _op, complete, sid, state, wc, ga, pre, mid, _ob, _sb, _bar, ds, post, _p2p, _pn = kind
+            created, done, seq, p2p = v[_KEYED:_KEYED + 4]
+            created = created if isinstance(created, int) else 0
+            ts = (created - t0) // 1000 if created > t0 else 0
+            d = (done - created) // 1000 if isinstance(done, int) and done > created > 0 else 0
+            if not d:
+                dm = e.get("duration_ms")
+                if isinstance(dm, (int, float)) and dm > 0:
+                    d = int(dm * 1000)
+            if not complete:
+                incomplete += 1
+            seq = seq if isinstance(seq, int) else 0
+            if p2p or (seq == 0 and _int(e.get("p2p_seq_id")) > 0):
+                pk = kind[_K_P2P]
+                if pk is None:
+                    pk = kind[_K_P2P] = self.p2p(kind, v) or ()
+                if not pk:
+                    continue
+                chkey, ppre, pmid, ppost, pkey, psig = pk
+                k = self.channels[chkey] = self.channels.get(chkey, 0) + 1
+                line = f'{ppre}{k}{pmid}{ts},"d":{d}{ppost}'
+                append(line)
+                rel += len(line)
+                ent = rt.p2p.get(pkey)
+                if ent is None:
+                    rt.p2p[pkey] = [1, zlib.crc32(psig), json.loads(line)]
+                else:
+                    ent[0] += 1
+                    ent[1] = zlib.crc32(psig, ent[1])
+                if ts + d > last_ts:
+                    last_ts = ts + d
+                continue
+            if seq <= 0:
+                continue
+            if not complete and g not in stuck:  # the oldest unfinished collective of the group
+                stuck[g] = [seq, _op, sid, state]
+            if wc and not world:
+                world = wc
+            line = f'{pre}{seq}{mid}{ts},"d":{d}{post}'
+            append(line)
+            if not ds:
+                order.append(kind)
+            ds.append(d)
+            if not ga:
+                gorder.append(g)
+            ga.append((seq, rel, kind))
+            rel += len(line)
+            if ts + d > last_ts:
+                last_ts = ts + d
+        self.incomplete, self.world = incomplete, world
+        rt.last_ts = last_ts
+
+    def finish(self) -> tuple[dict, list[str]]:
+        """Fill the RankTrace's per-group digests and counters; returns the groups' spans
+        ({group: [first seq, last seq, count]}) and the gaps inside them, in entry order."""
+        rt = self.rt
+        rt.events = len(self.body)
+        groups: dict[str, list[int]] = {}
+        gaps: list[tuple] = []
+        pairs: list[tuple] = []
+        crc = zlib.crc32
+        for g in self.gorder:
+            seqs, rels, kl = zip(*self.gacc[g])
+            n = len(seqs)
+            groups[g] = [seqs[0], seqs[-1], n]
+            diffs = list(map(sub, seqs[1:], seqs))
+            if diffs.count(1) != n - 1:
+                gaps.extend((rels[i], f"group {g}: #{seqs[i - 1]} then #{seqs[i]}")
+                            for i, dd in enumerate(diffs, 1) if dd != 1)
+            gs = rt.groups[g] = GroupStream(count=n)
+            opbs, sigbs = list(map(itemgetter(_K_OPB), kl)), list(map(itemgetter(_K_SIGB), kl))
+            for i in range(0, n, BLOCK):  # a block's digest is the crc32 of its events' bytes in a row
+                gs._op, gs._sig = crc(b"".join(opbs[i:i + BLOCK])), crc(b"".join(sigbs[i:i + BLOCK]))
+                gs.blocks.append([gs._op, gs._sig, rels[i]])  # relative to the body
+            pairs.extend((rels[i], (kl[i - 1][_K_SID], kl[i][_K_OP]))
+                         for i in compress(range(1, n), map(itemgetter(_K_BAR), kl)))
+            rt.last_op[g] = (kl[-1][_K_OP], kl[-1][_K_SID])
+        pairs.sort(key=itemgetter(0))
+        ab = rt.after_barrier
+        for _rel, k in pairs:
+            ab[k] = ab.get(k, 0) + 1
+        waits, op_sites = rt.waits, rt.op_sites
+        for kind in self.order:
+            op, ds = kind[_K_OP], kind[_K_DS]
+            c, total, longest = len(ds), sum(ds), max(ds)
+            w = waits.get(op)
+            if w is None:
+                waits[op] = [c, total, longest]
+            else:
+                w[0] += c
+                w[1] += total
+                w[2] = max(w[2], longest)
+            w = op_sites.get((op, kind[_K_SID]))
+            if w is None:
+                op_sites[(op, kind[_K_SID])] = [c, total]
+            else:
+                w[0] += c
+                w[1] += total
+        gaps.sort(key=itemgetter(0))
+        return groups, [t for _rel, t in gaps]
+
+
 def convert(job: tuple[str, str, str]) -> dict:
     """Convert one dump (``(source path, kind, output path)``) into a trace file. Returns a summary:
     ``rank``, ``groups`` ({group: [first seq, last seq, count]}), ``world`` (a hint, 0 unknown),
     ``notes``; ``skip`` when the file is not a dump; ``refused`` for a hostile pickle."""
+    gc_was = gc.isenabled()
+    # a dump is ~100,000 containers without cycles, alive while it is converted: collections
+    # (which would walk them again and again) only cost time; it is freed by reference counting
+    gc.disable()
+    try:
+        return _convert(job)
+    finally:
+        if gc_was:
+            gc.enable()
+
+
+def _convert(job: tuple[str, str, str]) -> dict:
     src, kind, out = job
     summary: dict = {"src": src, "out": out, "notes": []}
     try:
@@ -250,137 +490,13 @@ def convert(job: tuple[str, str, str]) -> dict:
     t0 = next((c for c in map(methodcaller("get", "time_created_ns"), entries) if isinstance(c, int) and c > 0), 0)
     lines: list[str] = []
     sites = _Sites(lines)
-    groups: dict[str, list[int]] = {}
-    gaps: list[str] = []
     world = len(members.get("0", [])) if "0" in members else 0
-    channels: dict[tuple, int] = {}
-    incomplete = 0
-    stuck: dict[str, list] = {}
-    body: list[str] = []
     rt = RankTrace(path=out)
-    streams, waits, op_sites, last_op = rt.groups, rt.waits, rt.op_sites, rt.last_op
-    tail_lines: deque = deque(maxlen=FR_TAIL)
-    rel = 0  # byte offset of the next line in the body
-    crc = zlib.crc32
-    # Entries of one shape (group, op, sizes, dtypes) share their encoded middle part.
-    shapes: dict[tuple, tuple] = {}
-    states: dict[tuple, tuple] = {}
-    for e in entries:
-        get = e.get
-        pn = get("profiling_name", "?")
-        pg = get("process_group")
-        isz, idt, osz, odt = get("input_sizes"), get("input_dtypes"), get("output_sizes"), get("output_dtypes")
-        key = (pn, str(pg), str(isz), str(idt), str(osz), str(odt))
-        shape = shapes.get(key)
-        if shape is None:
-            shape = shapes[key] = _shape(e, pn)
-        g, op, n, mid, gj, op_b, sig_b = shape
-        created = get("time_created_ns")
-        created = created if isinstance(created, int) else 0
-        ts = (created - t0) // 1000 if created > t0 else 0
-        done = get("time_discovered_completed_ns")
-        d = (done - created) // 1000 if isinstance(done, int) and done > created > 0 else 0
-        if not d:
-            dm = get("duration_ms")
-            if isinstance(dm, (int, float)) and dm > 0:
-                d = int(dm * 1000)
-        sid = sites.get(get("frames"))
-        state = get("state", "?")
-        skey = (state, get("retired"))
-        st = states.get(skey)
-        if st is None:
-            # gloo never moves state past "scheduled": there, a retired entry is a finished work
-            complete = state == "completed" or (bool(skey[1]) and (gloo or state not in ("scheduled", "started")))
-            st = states[skey] = (complete, f',"fr":{_dumps(str(state))}' + ("" if complete else ',"pending":1'))
-        complete, tail = st
-        if not complete:
-            incomplete += 1
-        seq = get("collective_seq_id")
-        seq = seq if isinstance(seq, int) else 0
-        if get("is_p2p") or (seq == 0 and _int(get("p2p_seq_id")) > 0):
-            meta = pn.split(" ", 1)[1] if isinstance(pn, str) and " " in pn else ""
-            m, mr = _SEND.match(meta), _RECV.match(meta)
-            if not (m or mr):
-                continue
-            a, b = (int(m.group(1)), int(m.group(2))) if m else (int(mr.group(2)), int(mr.group(1)))
-            ranks = members.get(g)
-            if ranks:  # group ranks -> global ranks
-                a = ranks[a] if a < len(ranks) else a
-                b = ranks[b] if b < len(ranks) else b
-            ch = f"{a}>{b}"
-            k = channels[(g, ch)] = channels.get((g, ch), 0) + 1
-            x, n = _tensors(isz, idt)
-            line = (f'{{"t":"p","op":{_dumps(op)},"g":{gj},"ch":"{ch}","s":{k},'
-                    f'"x":{_dumps(x)},"n":{n},"ts":{ts},"d":{d},"site":{sid}{tail}}}\n')
-            body.append(line)
-            rel += len(line)
-            rt.events += 1
-            pkey = f"{g}:{ch}"
-            psig = ("t|" + str(x)).encode()
-            ent = rt.p2p.get(pkey)
-            if ent is None:
-                rt.p2p[pkey] = [1, crc(psig), json.loads(line)]
-            else:
-                ent[0] += 1
-                ent[1] = crc(psig, ent[1])
-            tail_lines.append(line)
-            if ts + d > rt.last_ts:
-                rt.last_ts = ts + d
-            continue
-        if seq <= 0:
-            continue
-        if not complete and g not in stuck:  # the oldest unfinished collective of the group
-            stuck[g] = [seq, op, sid, str(state)]
-        span = groups.get(g)
-        if span is None:
-            groups[g] = [seq, seq, 1]
-        else:
-            if seq != span[1] + 1:
-                gaps.append(f"group {g}: #{span[1]} then #{seq}")
-            span[1] = seq
-            span[2] += 1
-        if not world and g == "0" and n and op in ("all_gather", "all_gather_into_tensor"):
-            _xo, nout = _tensors(osz, odt)
-            if nout and nout % n == 0:
-                world = nout // n
-        line = f'{{"t":"c","g":{gj},"s":{seq},{mid}"ts":{ts},"d":{d},"site":{sid}{tail}}}\n'
-        body.append(line)
-        # what load.read_rank computes from this line, computed here (a test keeps them equal)
-        rt.events += 1
-        gs = streams.get(g)
-        if gs is None:
-            gs = streams[g] = GroupStream()
-        if gs.count % BLOCK == 0:
-            if gs.count:
-                gs.blocks[-1][0], gs.blocks[-1][1] = gs._op, gs._sig
-            gs.blocks.append([0, 0, rel])  # relative to the body; the prefix is added at the end
-            gs._op = gs._sig = 0
-        gs._op = crc(op_b, gs._op)
-        gs._sig = crc(sig_b, gs._sig)
-        gs.count += 1
-        rel += len(line)
-        tail_lines.append(line)
-        w = waits.get(op)
-        if w is None:
-            waits[op] = [1, d, d]
-        else:
-            w[0] += 1
-            w[1] += d
-            if d > w[2]:
-                w[2] = d
-        w = op_sites.get((op, sid))
-        if w is None:
-            op_sites[(op, sid)] = [1, d]
-        else:
-            w[0] += 1
-            w[1] += d
-        prev = last_op.get(g)
-        if prev is not None and prev[0] in BARRIER_OPS:
-            k = (prev[1], op)
-            rt.after_barrier[k] = rt.after_barrier.get(k, 0) + 1
-        last_op[g] = (op, sid)
-        if ts + d > rt.last_ts:
-            rt.last_ts = ts + d
+    entry_pass = _Pass(sites, members, gloo, t0, world, rt)
+    entry_pass.run(entries)
+    groups, gaps = entry_pass.finish()
+    world, incomplete, stuck, body = entry_pass.world, entry_pass.incomplete, entry_pass.stuck, entry_pass.body
+    tail_lines = body[-FR_TAIL:]
     pg_status = dump.get("pg_status") if isinstance(dump.get("pg_status"), dict) else {}
     status = {str(k): {kk: _int(vv, -1) for kk, vv in v.items()} for k, v in pg_status.items()
               if isinstance(v, dict)}
@@ -407,9 +523,7 @@ def convert(job: tuple[str, str, str]) -> dict:
         summary["skip"] = True
         return summary
     prefix = len(head) + sum(map(len, pgs)) + sum(map(len, lines))
-    for gs in streams.values():
-        if gs.blocks:
-            gs.blocks[-1][0], gs.blocks[-1][1] = gs._op, gs._sig
+    for gs in rt.groups.values():
         for blk in gs.blocks:
             blk[2] += prefix
     rt.header = json.loads(head)

@@ -19,6 +19,7 @@ import json
 import os
 import pickle
 import re
+from functools import partial
 
 from .load import TraceError
 
@@ -50,6 +51,12 @@ class _PlainUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid):
         raise _Refused(f"persistent id {str(pid)[:40]!r}")
+
+
+#: ``encode(value)``: plain data read from a dump as bytes that tell it apart exactly (equal bytes:
+#: equal values of equal types; 1, True and 1.0 differ, so do a list and a tuple, bytes and a
+#: bytearray). A cache key for values that are not hashable (lists); pickle *writing*, never read.
+encode = partial(pickle.dumps, protocol=4)
 
 
 def sniff(path: str) -> str | None:
