@@ -37,6 +37,13 @@ def test_no_module_over_the_limit():
     assert big == {}
 
 
+def test_test_file_names_are_unique():
+    """tests/ has no __init__.py files: pytest imports each test file under its basename, so two
+    files of one name in different folders stop the collection of the whole suite."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
 def test_no_import_cycles():
     grimp = pytest.importorskip("grimp")
     graph = grimp.build_graph("ddpdoctor")
