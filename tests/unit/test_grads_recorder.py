@@ -4,32 +4,9 @@ group: a fake recorder collects the records; the hook is called as DDP's backwar
 from __future__ import annotations
 
 import torch
+from support.fakerec import FakeRecorder
 
 from ddpdoctor.rank.patches import grads
-
-
-class _Sites:
-    def current(self, depth: int) -> int:
-        return 7
-
-
-class _Rec:
-    writer = object()
-    enabled = True
-
-    def __init__(self) -> None:
-        self.out: list[dict] = []
-        self.errors: list[BaseException] = []
-        self.sites = _Sites()
-
-    def emit(self, record: dict) -> None:
-        self.out.append(record)
-
-    def now_us(self) -> int:
-        return 1
-
-    def internal_error(self, exc: BaseException) -> None:
-        self.errors.append(exc)
 
 
 class _FakeDDP:
@@ -41,7 +18,7 @@ _alive: list = []  # the recorder holds DDP modules weakly, as it does a real on
 
 
 def _setup():
-    rec = _Rec()
+    rec = FakeRecorder()
     net = torch.nn.Linear(3, 2)
     ddp = _FakeDDP(net)
     _alive.append(ddp)

@@ -6,6 +6,7 @@ non-finite backward awaits its step. In one process, without a process group."""
 from __future__ import annotations
 
 import torch
+from support.fakerec import FakeRecorder
 
 from ddpdoctor.rank.patches import grads, replicas, stephooks
 
@@ -81,31 +82,8 @@ def test_a_new_ddp_module_makes_optimizers_look_again(monkeypatch):
     assert found == [opt, opt]
 
 
-class _Sites:
-    def current(self, depth: int) -> int:
-        return 7
-
-
-class _GRec:
-    writer = object()
-    enabled = True
-
-    def __init__(self) -> None:
-        self.out: list[dict] = []
-        self.sites = _Sites()
-
-    def emit(self, record: dict) -> None:
-        self.out.append(record)
-
-    def now_us(self) -> int:
-        return 1
-
-    def internal_error(self, exc: BaseException) -> None:
-        raise exc
-
-
 def test_the_nonfinite_step_hook_is_armed_only_while_a_backward_awaits_its_step():
-    rec = _GRec()
+    rec = FakeRecorder(raise_errors=True)
     net, opt = _opt()
     ddp = type("FakeDDP", (), {})()
     ddp.module = net
