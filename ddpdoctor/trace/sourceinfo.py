@@ -75,6 +75,8 @@ def _blocks(filename: str) -> list[_Block] | None:
 
 def enclosing(filename: str, line: int) -> list[list]:
     """Branch headers enclosing ``line``, outermost first: ``[[line, text, kind], ...]``."""
+    if not isinstance(line, int):  # a frame's f_lineno is None on an instruction without a line
+        return []
     blocks = _blocks(filename)
     if not blocks:
         return []
