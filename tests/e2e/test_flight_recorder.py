@@ -276,9 +276,14 @@ def test_traced_hang_also_leaves_each_ranks_flight_recorder_dump(tmp_path):
                              "--no-report", "--", *torchrun(cases, "divergent", nproc=2)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=str(ROOT))
     want = ["fr_trace_rank_00000", "fr_trace_rank_00001"]
+
+    def done() -> bool:  # both dumps, and the reporter's diagnosis (its hang-N.json follows its
+        # hang record: a dump can be complete before the reporter has gathered every status)
+        return sorted(p.name for p in out.glob("fr_trace_rank_*")) == want and any(out.glob("hang-*.json"))
+
     try:
         deadline = time.time() + 60
-        while time.time() < deadline and sorted(p.name for p in out.glob("fr_trace_rank_*")) != want:
+        while time.time() < deadline and not done():
             time.sleep(0.2)
     finally:
         kill_tree(proc.pid)
