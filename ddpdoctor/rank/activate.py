@@ -58,6 +58,9 @@ def on_torch_imported() -> None:
 
         callsite.add_skip_prefix(torch.__file__)
         rec = recorder.install()
+        from . import warnsite
+
+        warnsite.install()  # library warnings name the user's line, not a ddpdoctor wrapper
         from .patches import data as patch_data
         from .patches import ddp as patch_ddp
         from .patches import dist as patch_dist
