@@ -5,6 +5,8 @@
 2. A training DataLoader with shuffle=True and no DistributedSampler: every rank trains on the
    whole dataset each epoch.
 3. An IterableDataset over files shuffled per rank before files[rank::world].
+4. An IterableDataset that generates one stream and never shards it by rank: every rank trains
+   on the same batches.
 Run: ddpdoctor trace -- torchrun --nproc_per_node=2 checks/data-coverage/bad.py
 """
 
@@ -75,7 +77,17 @@ def main() -> None:
     dist.barrier()
     if rank == 0:
         shutil.rmtree(folder)
+    fit(model, opt, DataLoader(Stream(), batch_size=4))  # BUG: the same stream on every rank
     dist.destroy_process_group()
+
+
+class Stream(IterableDataset):
+    """Samples generated from a fixed seed (a stand-in for a stream every rank opens)."""
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(1)
+        for _ in range(16):
+            yield torch.randn(4, generator=g)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 DistributedSampler over a dataset whose length is not a multiple of the world size (it pads with
 repeats: intended) and with drop_last; an index list shuffled by a generator seeded the same on
 every rank, then idx[rank::world]; files shuffled by such a generator before files[rank::world];
-and an evaluation that every rank runs over the whole (small) validation set (info at most).
+a generated stream that the IterableDataset shards by rank; and an evaluation that every rank
+runs over the whole (small) validation set (info at most).
 Run: ddpdoctor trace -- torchrun --nproc_per_node=2 checks/data-coverage/good.py
 """
 
@@ -73,6 +74,8 @@ def main() -> None:
     files = sorted(os.path.join(folder, n) for n in os.listdir(folder))
     random.Random(99).shuffle(files)  # the same order on every rank
     fit(model, opt, DataLoader(Lines(files[rank::world]), batch_size=2))
+    # one generated stream, sharded by rank inside the dataset
+    fit(model, opt, DataLoader(Stream(rank, world), batch_size=4))
     dist.barrier()
     if rank == 0:
         shutil.rmtree(folder)
@@ -82,6 +85,21 @@ def main() -> None:
         total = sum(float(model(x).sum()) for (x,) in DataLoader(val, batch_size=5))  # every rank: all of val
     dist.destroy_process_group()
     print(f"rank {rank}: val {total:.3f}")
+
+
+
+class Stream(IterableDataset):
+    """Samples generated from a fixed seed; each rank keeps every world-th one from its rank."""
+
+    def __init__(self, rank, world):
+        self.rank, self.world = rank, world
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(1)
+        for i in range(16):
+            x = torch.randn(4, generator=g)
+            if i % self.world == self.rank:
+                yield x
 
 
 if __name__ == "__main__":

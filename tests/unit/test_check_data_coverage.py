@@ -280,3 +280,63 @@ def test_the_same_subset_sampler_on_every_rank_is_not_called_the_whole_dataset(t
     found = run_check(DataCoverage, write_traces(tmp_path, recs))
     assert [(f.severity, f.data["what"]) for f in found] == [("warning", "whole")]
     assert "the same 30 samples" in found[0].message
+
+
+def _stream_pass(bfp, it=0, nbfp=4, steps=4):
+    """An IterableDataset pass whose first ``nbfp`` batches fingerprint as ``bfp``."""
+    return dict(_iter_pass(it, full=0, steps=steps), bfp=bfp, nbfp=nbfp)
+
+
+def test_every_rank_getting_the_same_batches_while_ddp_trains_is_a_warning_once(tmp_path):
+    recs = {r: [ddp_record(), _stream_pass("aa11", 0), _stream_pass("aa11", 1)] for r in (0, 1)}
+    found = run_check(DataCoverage, write_traces(tmp_path, recs))
+    assert [(f.severity, f.data["what"], f.data["batches"], f.data["passes"]) for f in found] == [
+        ("warning", "same-batches", 4, 2)]
+    assert found[0].ranks == [0, 1] and "not sharded by rank" in found[0].message
+    assert [loc.role for loc in found[0].locations] == ["loader", "iteration"]
+
+
+def test_streams_that_differ_evaluation_and_too_few_batches_are_silent(tmp_path):
+    cases = {
+        "sharded": {r: [ddp_record(), _stream_pass(f"b{r}")] for r in (0, 1)},
+        "evaluation": {r: [ddp_record(), _stream_pass("cc", steps=0)] for r in (0, 1)},
+        "no-ddp": {r: [_stream_pass("cc")] for r in (0, 1)},
+        "one-batch": {r: [ddp_record(), _stream_pass("cc", nbfp=1)] for r in (0, 1)},
+        "unfingerprinted": {r: [ddp_record(), _iter_pass()] for r in (0, 1)},
+    }
+    for name, recs in cases.items():
+        assert run_check(DataCoverage, write_traces(tmp_path / name, recs)) == [], name
+
+
+def test_tensor_parallel_peers_sharing_a_stream_are_silent(tmp_path):
+    """4 ranks: TP pairs (0,1) and (2,3) read one stream per pair, DDP runs over (0,2) and (1,3)."""
+    groups = [{"t": "pg", "g": "1", "ranks": [0, 2]}, {"t": "pg", "g": "2", "ranks": [1, 3]}]
+    recs = {r: groups + [ddp_record(g="1" if r % 2 == 0 else "2"), _stream_pass(f"pair{r // 2}")] for r in range(4)}
+    assert run_check(DataCoverage, write_traces(tmp_path, recs)) == []
+    # the same layout with every rank on one stream: the DDP peers share their batches
+    same = {r: groups + [ddp_record(g="1" if r % 2 == 0 else "2"), _stream_pass("one")] for r in range(4)}
+    found = run_check(DataCoverage, write_traces(tmp_path / "same", same))
+    assert [(f.data["what"], f.ranks) for f in found] == [("same-batches", [0, 1, 2, 3])]
+
+
+def test_unsharded_files_are_reported_as_files_not_also_as_batches(tmp_path):
+    files = [f"/data/shard{i}.txt" for i in range(4)]
+    recs = {r: [ddp_record()] + [_read(p) for p in files] + [_stream_pass("dd")] for r in (0, 1)}
+    found = run_check(DataCoverage, write_traces(tmp_path, recs))
+    assert [f.data["what"] for f in found] == ["same-files"]
+
+
+def test_hostile_batch_fingerprints_give_no_exception(tmp_path):
+    recs = {r: [ddp_record(), dict(_stream_pass("x"), bfp=7), dict(_stream_pass("x", 1), nbfp="4"),
+                dict(_stream_pass("x", 2), nbfp=True)] for r in (0, 1)}
+    assert run_check(DataCoverage, write_traces(tmp_path, recs)) == []
+
+
+def test_batch_fingerprints_on_the_rank_side():
+    a = {"x": torch.arange(12.0).reshape(3, 4), "y": [1, "s"], "z": None}
+    assert coverage.batch_fp(a, torch) == coverage.batch_fp({"x": torch.arange(12.0).reshape(3, 4), "y": [1, "s"],
+                                                             "z": None}, torch)
+    assert coverage.batch_fp(a, torch) != coverage.batch_fp(dict(a, x=torch.arange(12.0).reshape(3, 4) + 1), torch)
+    assert coverage.batch_fp(torch.zeros(2, device="meta"), torch) is None  # not on the CPU: never read
+    assert coverage.batch_fp([torch.zeros(2, device="meta"), object()], torch) is None
+    assert coverage.batch_fp(object(), torch) is None

@@ -10,7 +10,9 @@ the pass on that line.
   lengths, shards of a DistributedSampler that leave samples out (beyond drop_last), and every
   rank drawing the very same samples (warning when a DDP model trains on them, info otherwise);
 * files (IterableDatasets that shard by hand): every rank reading the same files, or files read
-  by several ranks in one pass (with the files no rank read that pass but another pass did).
+  by several ranks in one pass (with the files no rank read that pass but another pass did);
+* batches (IterableDatasets, whatever their source): ranks of one DDP model whose pass began
+  with the very same batches (the fingerprints of the first few), while the model trained.
 
 Quiet by design: samplers with replacement, passes over datasets whose identity differs across
 ranks (per-rank data: indices mean different samples), ranks sharing one shard of a
@@ -122,6 +124,11 @@ class DataCoverage(Check):
         "same-files": Kind(severity="warning", title="Every rank reads the same data files in an epoch",
                            fix="Give each rank its shard of the files: files[rank::world] of one common order."),
         "file-overlap": Kind(severity="warning", title="Ranks read overlapping data files in the same epoch"),
+        "same-batches": Kind(severity="warning", title="Every rank gets the same batches from an IterableDataset",
+                             fix=("Shard the stream by rank inside the IterableDataset (take every world_size-th "
+                                  "sample from the rank-th, e.g. itertools.islice(stream, rank, None, world_size); "
+                                  "datasets' split_dataset_by_node; webdataset's split_by_node), or use a "
+                                  "map-style dataset with DistributedSampler.")),
     }
 
     def run(self, ctx: Context):
@@ -130,6 +137,9 @@ class DataCoverage(Check):
         seen: dict[tuple, object] = {}
         found = [(key, f) for key, per_rank in passes.items() for f in self._indices(ctx, key, per_rank)]
         found += [(key, f) for key, per_rank in raw.items() for f in self._files(ctx, key, per_rank)]
+        by_files = {key for key, f in found if f.data.get("what") == "same-files"}  # more specific
+        found += [(key, f) for key, per_rank in raw.items() if key not in by_files
+                  for f in self._batches(ctx, key, per_rank)]
         for key, f in sorted(found, key=_report_order):
             # the same finding every epoch: reported once, with the number of passes
             first = seen.get((f.data.get("what"), key[:2]))
@@ -356,6 +366,39 @@ class DataCoverage(Check):
                  "ranks before files[rank::world]) or per-rank lists.")
         return [self.finding(msg, sorted(reps.values()), locs, kind="file-overlap", data={"what": "file-overlap", "shared": len(shared),
                                                         "unread": len(unread)})]
+
+
+    def _batches(self, ctx: Context, k: tuple, covs: dict[int, dict]) -> list:
+        """Ranks whose IterableDataset pass began with the very same batches (``bfp``: the
+        fingerprint of its first ``nbfp`` batches) while one DDP model trained on them. Quiet for
+        passes without DDP steps (an evaluation every rank runs over the same data), for ranks
+        outside one DDP group (tensor-parallel peers share their data by design), and for
+        batches held on an accelerator (not fingerprinted: reading them would synchronise)."""
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for r, c in covs.items():
+            n = _int(c.get("nbfp"), None)
+            if c.get("kind") == "iter" and isinstance(c.get("bfp"), str) and n is not None and n >= 2:
+                groups[(c["bfp"], n)].append(r)
+        out = []
+        for (_, n), ranks in groups.items():
+            if len(ranks) < 2 or not _ddp_spans(ctx, ranks):
+                continue
+            if not any(int(covs[r].get("steps", 0) or 0) for r in ranks):
+                continue
+            ranks.sort()
+            r0 = ranks[0]
+            loader = covs[r0].get("created")
+            msg = (f"In {_label(('pass', k[2]))} of the DataLoader created at {ctx.where(r0, loader)}, "
+                   f"{fmt(ranks)} got the very same first {n} batches from its IterableDataset while a DDP "
+                   "model trained on them: the stream is not sharded by rank, so every rank trains on the same "
+                   "samples (DDP averages equal gradients: one rank's batch per step, at world-size times the "
+                   "cost). If each rank takes its own part of every batch afterwards, this is intended.")
+            locs = [ctx.loc(r0, loader, "loader")]
+            if covs[r0].get("site") is not None:
+                locs.append(ctx.loc(r0, covs[r0].get("site"), "iteration"))
+            out.append(self.finding(msg, ranks, locs, kind="same-batches",
+                                    data={"what": "same-batches", "batches": n, "training": True}))
+        return out
 
 
 def _with_shuffle(ctx: Context, rank: int, sid, locs: list) -> list:

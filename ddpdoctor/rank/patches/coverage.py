@@ -12,6 +12,9 @@ indices whose multiplicative hash falls under a power-of-two threshold (the same
 index space on every rank, so overlaps and gaps are counted exactly within it and scaled). After
 ``BUDGET`` bytes of index sets per rank, passes carry only counts and a set digest.
 
+The first batches of an IterableDataset pass are fingerprinted (``bfp``): such a pass has no
+indices, and ranks that got equal batches were not sharded.
+
 While a DataLoader iterator produces a batch, ``rec.local.dl`` names the pass, so that the file
 audit hook (files.py) marks the files read for it (file-level coverage, e.g. IterableDatasets
 that shard a list of files by hand).
@@ -34,6 +37,8 @@ from .stephooks import STEPS as _STEPS
 MAX_KEEP = 1 << 16
 #: Bytes of encoded index sets per rank; later passes carry counts and the digest only.
 BUDGET = 16 << 20
+#: Batches of an IterableDataset pass whose contents are fingerprinted (the first ones).
+FP_BATCHES = 4
 #: Bits of the index hash; with ``rate`` r, an index is kept when its hash < 2**(HBITS - r).
 HBITS = 24
 _KNUTH = 2654435761
@@ -72,7 +77,7 @@ def encode(sorted_idx) -> str:
 class _Tap:
     """The iterator of a loader's index sampler for one pass, collecting what it yields."""
 
-    __slots__ = ("inner", "buf", "opaque", "info", "nb", "it", "done", "steps0", "__weakref__")
+    __slots__ = ("inner", "buf", "opaque", "info", "nb", "it", "done", "steps0", "fps", "__weakref__")
 
     def __init__(self, inner, info: dict, opaque: bool) -> None:
         self.inner = inner
@@ -83,6 +88,9 @@ class _Tap:
         self.it = None  # pass number, assigned at the first draw
         self.done = False
         self.steps0 = 0
+        # fingerprints of the first batches of an IterableDataset pass (no indices to compare);
+        # None once a batch could not be fingerprinted
+        self.fps: list[str] | None = [] if opaque else None
 
     def __iter__(self):
         return self
@@ -186,6 +194,41 @@ def _tensor_fp(t, torch) -> str:
     return f"{t.dtype}{list(t.shape)}:{zlib.crc32(repr(sample.tolist()).encode()):08x}"
 
 
+def batch_fp(batch, torch, depth: int = 0) -> str | None:
+    """A fingerprint of what a batch holds: CPU tensors by a strided sample of their values,
+    numbers and strings by value, containers item by item (at most 16). None when nothing in it
+    is evidence (tensors on an accelerator: reading them would synchronise it)."""
+    if torch.is_tensor(batch):
+        return _tensor_fp(batch, torch) if batch.device.type == "cpu" else None
+    if _simple(batch):
+        return repr(batch)[:200]
+    if depth >= 3:
+        return None
+    if isinstance(batch, dict):
+        items = [(str(k), batch[k]) for k in list(batch)[:16]]
+    elif isinstance(batch, (list, tuple)):
+        items = [(str(i), v) for i, v in enumerate(batch[:16])]
+    else:
+        return None
+    parts = [(k, batch_fp(v, torch, depth + 1)) for k, v in items]
+    if all(fp is None for _, fp in parts):
+        return None
+    return "{" + ",".join(f"{k}:{fp}" for k, fp in parts) + "}"
+
+
+def _with_batch(fps: list[str], batch) -> list[str] | None:
+    try:
+        import torch
+
+        fp = batch_fp(batch, torch)
+    except Exception:  # a batch of an unexpected kind: no fingerprints for this pass
+        return None
+    if fp is None:
+        return None
+    fps.append(fp)
+    return fps
+
+
 def _simple(v) -> bool:
     return v is None or isinstance(v, (str, int, float, bool, bytes))
 
@@ -248,6 +291,10 @@ def _record(tap: _Tap, full: bool) -> dict:
         if info.get(k) is not None:
             rec[k] = info[k]
     if tap.opaque:
+        if tap.fps:
+            # what the first batches held: equal across ranks = every rank got the same data
+            rec["bfp"] = format(zlib.crc32("|".join(tap.fps).encode()), "08x")
+            rec["nbfp"] = len(tap.fps)
         return rec
     idx = torch.frombuffer(tap.buf, dtype=torch.int64) if len(tap.buf) else torch.zeros(0, dtype=torch.int64)
     try:
@@ -418,9 +465,12 @@ def patch() -> None:
             r.local.dl = [info.get("created"), tap.it if isinstance(tap, _Tap) and tap.it is not None
                           else _state["iters"].get(info.get("created"), 0)]
             try:
-                return orig(self)
+                batch = orig(self)
             finally:
                 r.local.dl = prev
+            if isinstance(tap, _Tap) and tap.fps is not None and len(tap.fps) < FP_BATCHES:
+                tap.fps = _with_batch(tap.fps, batch)
+            return batch
         return __next__
 
     _wrap(base, "__init__", make_init)

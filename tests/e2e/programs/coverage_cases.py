@@ -4,6 +4,8 @@
    launcher does not set): both ranks draw shard 0, shard 1 is drawn by no one.
 2. An IterableDataset every rank reads whole (no sharding of its files) while a DDP model trains.
 3. A DataLoader with persistent worker processes over a correct DistributedSampler: silent.
+4. An IterableDataset generating one seeded stream, read unsharded by every rank while the DDP
+   model trains (the same batches everywhere), and the same stream sharded by rank (silent).
 The results are printed so that the test can compare them with an untraced run.
 """
 
@@ -29,6 +31,20 @@ class Lines(IterableDataset):
             with open(path) as f:
                 for line in f:
                     yield torch.tensor([float(v) for v in line.split()])
+
+
+class Stream(IterableDataset):
+    """Samples drawn from a generator seeded the same on every rank; ``shard``: (rank, world)."""
+
+    def __init__(self, shard=None):
+        self.shard = shard
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(7)
+        for i in range(24):
+            x = torch.randn(4, generator=g)
+            if self.shard is None or i % self.shard[1] == self.shard[0]:
+                yield x
 
 
 def main() -> None:
@@ -60,6 +76,13 @@ def main() -> None:
     dist.barrier()
     if rank == 0:
         shutil.rmtree(folder)
+
+    for shard in (None, (rank, dist.get_world_size())):
+        for x in DataLoader(Stream(shard), batch_size=3):  # L:same-stream (shard None)
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+            total += x.sum()
 
     sampler = DistributedSampler(data, shuffle=True)
     loader = DataLoader(data, batch_size=2, sampler=sampler, num_workers=2, persistent_workers=True)
