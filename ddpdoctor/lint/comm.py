@@ -14,7 +14,7 @@ import ast
 import bisect
 from dataclasses import dataclass
 
-from ..source.names import dotted
+from ..source.names import dotted, outer_ifexps
 from ..source.program import Program
 from ..source.units import Func, walk_scope
 
@@ -420,10 +420,34 @@ class CommModel:
         return self.expr_events(s, func)
 
     def expr_events(self, node: ast.AST, func: Func) -> list[tuple]:
-        out = []
-        for call in self.calls_in(node, func):
-            out.extend(self.events_of_call(call, func))
+        calls = self.calls_in(node, func)
+        if not calls:
+            return []
+        branches = outer_ifexps(node)
+        out: list[tuple] = []
+        done: set[int] = set()
+        for call in calls:
+            owner = next((x for x in branches if _within(call, x)), None)
+            if owner is None:
+                out.extend(self.events_of_call(call, func))
+            elif id(owner) not in done:
+                # `a() if cond else b()`: the test, then one side, as for an `if` statement (a
+                # collective on one side only is a choice, not a call every rank makes)
+                done.add(id(owner))
+                a, b = self.expr_events(owner.body, func), self.expr_events(owner.orelse, func)
+                out.extend(self.expr_events(owner.test, func))
+                if keys(a) == keys(b):
+                    out.extend(a)
+                elif a or b:
+                    out.append((("choice", keys(a), keys(b)), (a or b)[0][1]))
         return out
+
+
+def _within(inner: ast.AST, outer: ast.AST) -> bool:
+    start = (inner.lineno, inner.col_offset)
+    end = (inner.end_lineno or inner.lineno, inner.end_col_offset or 0)
+    return (outer.lineno, outer.col_offset) <= start and end <= (outer.end_lineno or outer.lineno,
+                                                                  outer.end_col_offset or 0)
 
 
 def keys(events: list[tuple]) -> tuple:

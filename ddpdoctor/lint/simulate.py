@@ -14,11 +14,11 @@ import ast
 import operator
 
 from ..source.flow import EXIT_CALLS
-from ..source.names import dotted
+from ..source.names import dotted, outer_ifexps
 from ..source.program import Program
 from ..source.taint import RANK_FUNCS, RANK_PARAMS, env_key
 from ..source.units import Func
-from .comm import CommModel
+from .comm import CommModel, keys
 
 RANKS = (0, 1, 2, 3)
 INT_NAMES = frozenset({"rank", "local_rank", "global_rank", "process_index", "local_process_index", "rank_id",
@@ -151,6 +151,8 @@ class Simulator:
         if isinstance(s, (ast.Break, ast.Continue)):
             return [], "loop"
         ev = [k for k, _c in cm.stmt(s, func)]
+        if any(isinstance(k, tuple) and k and k[0] == "choice" for k in ev):
+            ev = self._ifexp_choices(s, func, r, ev)
         if isinstance(s, ast.Return):
             return ev, "return"
         if isinstance(s, ast.Raise):
@@ -158,6 +160,19 @@ class Simulator:
         if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) and dotted(s.value.func) in EXIT_CALLS:
             return ev, "exit"
         return ev, None
+
+    def _ifexp_choices(self, s: ast.stmt, func: Func, r: int, ev: list) -> list:
+        """A statement's events with each rank-dependent conditional expression's choice
+        (``all_reduce(t) if rank == 0 else None``) replaced by the side rank ``r`` takes."""
+        for x in outer_ifexps(s):
+            if not self.prog.test_taint(func, x):
+                continue
+            a, b = keys(self.cm.expr_events(x.body, func)), keys(self.cm.expr_events(x.orelse, func))
+            if a == b or ("choice", a, b) not in ev:
+                continue
+            i = ev.index(("choice", a, b))
+            ev = ev[:i] + list(a if self.value(x.test, func, r, 0) else b) + ev[i + 1:]
+        return ev
 
     # -- values --------------------------------------------------------------------------------
     def value(self, e: ast.AST, func: Func, r: int, depth: int):

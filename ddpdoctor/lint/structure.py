@@ -19,7 +19,7 @@ import ast
 
 from ..analysis.findings import Finding
 from ..source.flow import block_exit, stmt_exit
-from ..source.names import dotted
+from ..source.names import dotted, outer_ifexps
 from ..source.program import Program
 from ..source.taint import describe, is_heuristic
 from ..source.units import Func
@@ -69,6 +69,8 @@ class Structure:
                 self.check_if(func, s, stack + [(stmts, i, None)])
             elif isinstance(s, _LOOPS):
                 self.check_loop(func, s, stack)
+            elif isinstance(s, _SIMPLE):
+                self.check_ifexps(func, s, stack + [(stmts, i, None)])
             self.check_calls_that_raise(func, s, stack + [(stmts, i, None)])
             for field in ("body", "orelse", "finalbody"):
                 sub = getattr(s, field, None)
@@ -175,6 +177,43 @@ class Structure:
                        data={"condition_line": s.lineno, "call_line": c.line, "exit_line": exit_line,
                              "op": c.op}), func)
 
+    def check_ifexps(self, func: Func, s: ast.stmt, stack: list) -> None:
+        """``x = dist.all_reduce(t) if rank == 0 else None``: a conditional expression whose sides
+        communicate differently under a rank-dependent test, as check_if does for statements."""
+        for x in outer_ifexps(s):
+            t = self.prog.test_taint(func, x)
+            if not t:
+                continue
+            a, b = self.cm.expr_events(x.body, func), self.cm.expr_events(x.orelse, func)
+            if keys(a) == keys(b):
+                continue
+            n = 0
+            while n < min(len(a), len(b)) and a[n][0] == b[n][0]:
+                n += 1
+            ca = a[n][1] if n < len(a) else None
+            cb = b[n][1] if n < len(b) else None
+            c, side, other = (ca, "true", cb) if ca is not None else (cb, "false", ca)
+            if other is not None:
+                instead = f"issue {_what(other)} instead"
+            else:
+                after = self.rest(func, stack, "return") or []
+                instead = f"go on without it, to {_what(after[0][1])}" if after else "go on without it"
+            try:
+                cond_text = ast.unparse(x.test)
+            except Exception:  # pragma: no cover
+                cond_text = "..."
+            msg = (f"{_what(c)} runs only on ranks where `{cond_text}` (line {x.lineno}, a conditional "
+                   f"expression) is {side}; it depends on the rank through {describe(t)}. The other ranks "
+                   f"{instead}: the ranks disagree on the next collective and wait for each other.")
+            if not c.sure:
+                msg += " (Whether this call communicates depends on code not in view.)"
+            locs = [loc(func.module, c.line, "call", func.name), loc(func.module, x.lineno, "condition", func.name)]
+            if other is not None:
+                locs.append(loc(func.module, other.line, "call", func.name))
+            sev = "error" if (not is_heuristic(t) and c.sure) else "warning"
+            self.emit(make("DD012" if c.op in GROUP_OPS else "DD001", sev, msg, locs, fix=_FIX_BRANCH,
+                           data={"condition_line": x.lineno, "call_line": c.line, "op": c.op}), func)
+
     # -- loops -------------------------------------------------------------------------------------
     def check_loop(self, func: Func, s: ast.stmt, stack: list) -> None:
         t = self.prog.test_taint(func, s)
@@ -269,6 +308,10 @@ class Structure:
         if func is not None and f.id in ("DD001", "DD012") and self.sim.ranks_agree(func):
             return  # ranks 0-3, simulated, issue the same communication: correlated conditions
         self.out.append(f)
+
+
+#: Statements without blocks (their conditional expressions are checked like `if`s).
+_SIMPLE = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr, ast.Return)
 
 
 def _header(s: ast.stmt) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from typing import Protocol
 
-from .names import dotted
+from .names import dotted, outer_ifexps
 from .taint import CLEAN, UNIFORMING, Evaluator, substitute
 from .units import Func
 
@@ -57,6 +57,10 @@ def _assigned_names(target: ast.AST, out: list[str]) -> None:
         k = dotted(target)
         if k is not None:
             out.append(k)
+
+
+#: Statements without blocks, whose conditional expressions' tests are recorded.
+_SIMPLE = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr, ast.Return)
 
 
 class ProgramState(Protocol):
@@ -180,6 +184,9 @@ class Walker:
         ev = self.ev
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return
+        if isinstance(s, _SIMPLE):
+            for x in outer_ifexps(s):  # `a() if cond else b()`: a condition like an `if`'s
+                self.record_test(x, ev(x.test))
         if isinstance(s, ast.Assign):
             t = ev(s.value) | ctrl
             for tgt in s.targets:

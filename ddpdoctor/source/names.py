@@ -69,3 +69,20 @@ def _statements(tree: ast.AST):
             stack.extend(h.body)
         for c in getattr(node, "cases", None) or ():
             stack.extend(c.body)
+
+
+def outer_ifexps(node: ast.AST) -> list[ast.IfExp]:
+    """The conditional expressions (``a if c else b``) in ``node``, not nested in another one nor in
+    a lambda or definition; ``[node]`` when it is one itself."""
+    if isinstance(node, ast.IfExp):
+        return [node]
+    out: list[ast.IfExp] = []
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        for child in ast.iter_child_nodes(n):
+            if isinstance(child, ast.IfExp):
+                out.append(child)
+            elif not isinstance(child, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                todo.append(child)
+    return out
