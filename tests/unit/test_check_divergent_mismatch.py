@@ -109,3 +109,15 @@ def test_mismatch_when_every_rank_died_inside_the_call(tmp_path):
     findings = run_check(CollectiveMismatch, folder)
     assert len(findings) == 1 and findings[0].data["seq"] == 1
     assert "float32[1000]" in findings[0].message and "float32[999]" in findings[0].message
+
+
+def test_a_culprit_in_a_ddp_forward_gets_the_model_module_fix(tmp_path):
+    """Rank-0-only evaluation through the DDP model: its forward broadcasts buffers."""
+    ranks = {r: [coll("0", 1, "all_reduce"), coll("0", 2, "barrier", site=("train.py", 20))] for r in range(3)}
+    ranks[0][1] = coll("0", 2, "ddp_forward", site=("train.py", 15, "val = model(x)"))
+    f = run_check(DivergentCollectives, write_traces(tmp_path / "a", ranks))[0]
+    assert f.data["culprit"] == [0] and "model.module(x)" in f.fix
+    # any other culprit op keeps the general fix
+    ranks[0][1] = coll("0", 2, "all_reduce", site=("train.py", 15))
+    f = run_check(DivergentCollectives, write_traces(tmp_path / "b", ranks))[0]
+    assert f.data["culprit"] == [0] and "model.module" not in f.fix and f.fix == DivergentCollectives.fix

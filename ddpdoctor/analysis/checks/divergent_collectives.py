@@ -90,6 +90,13 @@ def loop_split(ctx: Context, by_op: dict, point) -> dict | None:
     return None
 
 
+#: The culprit ran a DDP forward that communicates (rank-0-only evaluation through the DDP model).
+_DDP_FORWARD_FIX = (
+    "A DDP forward communicates (it broadcasts buffers such as BatchNorm's running stats, and may "
+    "prepare the backward's reduction): run it on every rank, or, to evaluate on one rank, call the "
+    "wrapped module (`model.module(x)`), which issues no collective.")
+
+
 class DivergentCollectives(Check):
     id = "DD001"
     category = "divergent-collectives"
@@ -155,7 +162,9 @@ class DivergentCollectives(Check):
                           "loop": "it left the loop early"}[why]
                 msg += f" Culprit: {fmt(blame)} ({reason})."
             msg += " Such a program hangs until the backend's timeout or exchanges wrong data."
+            blamed_ops = {op for op, rs in by_op.items() if set(rs) & set(blame or ())}
             findings.append(self.finding(msg, blame or list(p.events), locations, evidence=evidence,
+                                         fix=_DDP_FORWARD_FIX if "ddp_forward" in blamed_ops else None,
                                          data={"group": group, "seq": p.seq, "culprit": blame,
                                                "ops": {str(k): v for k, v in by_op.items()}}))
         return findings
