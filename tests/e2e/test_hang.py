@@ -79,6 +79,9 @@ def test_condition_line_is_named(tmp_path):
     # the `if rank == 0:` right above eval_rank0's model.eval()
     assert diag["condition"]["line"] == line_of("model.eval()") - 1
     assert "`if rank == 0:`" in res.stderr
+    # the report's fix names the evaluation without collectives (DD001 on the DDP forward)
+    fixes = {f["id"]: f["fix"] for f in findings_json(out)["findings"]}
+    assert "model.module(x)" in fixes.get("DD001", ""), fixes
 
 
 def test_sigkilled_rank_is_named(tmp_path):
