@@ -22,6 +22,25 @@ from .rulekit import (
 )
 
 
+def _ddp_reduction_skipped(func: Func) -> bool:
+    """Whether every backward of ``func`` runs inside a ``with <model>.no_sync():`` block, or DDP's
+    reduction is switched off by ``<model>.require_backward_grad_sync = False``: then DDP reduces
+    no gradient and a manual all-reduce after it is the job's only one (custom gradient sync)."""
+    backwards, inside = [], set()
+    for node in func.scope:
+        if isinstance(node, (ast.With, ast.AsyncWith)) and any(
+                isinstance(it.context_expr, ast.Call) and isinstance(it.context_expr.func, ast.Attribute)
+                and it.context_expr.func.attr == "no_sync" for it in node.items):
+            inside.update(id(n) for s in node.body for n in ast.walk(s))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
+            backwards.append(node)
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "require_backward_grad_sync"
+                                                  for t in node.targets):
+            if isinstance(node.value, ast.Constant) and node.value.value is False:
+                return True
+    return bool(backwards) and all(id(b) in inside for b in backwards)
+
+
 class DdpRules(RuleFamily):
     """Manual synchronisation on top of what DistributedDataParallel already does."""
 
@@ -32,6 +51,8 @@ class DdpRules(RuleFamily):
 
     # -- DD005 -------------------------------------------------------------------------------------
     def manual_allreduce(self, func: Func) -> Iterator[Finding]:
+        if _ddp_reduction_skipped(func):
+            return  # DDP reduced nothing: the manual reduction is the only one
         for node in func.scope:
             if not isinstance(node, (ast.For, ast.AsyncFor)) or not isinstance(node.iter, ast.Call):
                 continue
