@@ -118,11 +118,7 @@ class Structure:
         full_b = b + (rb or [])
         if keys(full_a) == keys(full_b):
             return
-        n = 0
-        while n < min(len(full_a), len(full_b)) and full_a[n][0] == full_b[n][0]:
-            n += 1
-        ca = full_a[n][1] if n < len(full_a) else None
-        cb = full_b[n][1] if n < len(full_b) else None
+        n, ca, cb = _first_difference(full_a, full_b)
         in_a = ca is not None and n < len(a)
         in_b = cb is not None and n < len(b)
         cond_text = _header(s)
@@ -187,11 +183,7 @@ class Structure:
             a, b = self.cm.expr_events(x.body, func), self.cm.expr_events(x.orelse, func)
             if keys(a) == keys(b):
                 continue
-            n = 0
-            while n < min(len(a), len(b)) and a[n][0] == b[n][0]:
-                n += 1
-            ca = a[n][1] if n < len(a) else None
-            cb = b[n][1] if n < len(b) else None
+            _n, ca, cb = _first_difference(a, b)
             c, side, other = (ca, "true", cb) if ca is not None else (cb, "false", ca)
             if other is not None:
                 instead = f"issue {_what(other)} instead"
@@ -312,6 +304,14 @@ class Structure:
 
 #: Statements without blocks (their conditional expressions are checked like `if`s).
 _SIMPLE = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr, ast.Return)
+
+
+def _first_difference(a: list[tuple], b: list[tuple]) -> tuple[int, Comm | None, Comm | None]:
+    """Where two event sequences first differ: (index, a's event there, b's event there)."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n][0] == b[n][0]:
+        n += 1
+    return n, (a[n][1] if n < len(a) else None), (b[n][1] if n < len(b) else None)
 
 
 def _header(s: ast.stmt) -> str:
