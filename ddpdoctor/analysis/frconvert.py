@@ -22,6 +22,7 @@ import linecache
 import os
 import re
 import zlib
+from array import array
 from collections import deque
 from itertools import compress
 from operator import itemgetter, methodcaller, sub
@@ -393,6 +394,11 @@ class _Pass:
         gaps: list[tuple] = []
         pairs: list[tuple] = []
         crc = zlib.crc32
+        # the byte offsets (from the block's start) of each group's events in its last digest block,
+        # where a hang shows: the aligner reads the event it compares there with one seek instead
+        # of decoding the block up to it on every rank (frmodel.block_offsets); ~1 KB a rank
+        last_block: dict[str, tuple[int, array]] = {}
+        rt.last_block = last_block  # type: ignore[attr-defined] - travels with the RankTrace
         for g in self.gorder:
             seqs, rels, kl = zip(*self.gacc[g])
             n = len(seqs)
@@ -409,6 +415,11 @@ class _Pass:
             pairs.extend((rels[i], (kl[i - 1][_K_SID], kl[i][_K_OP]))
                          for i in compress(range(1, n), map(itemgetter(_K_BAR), kl)))
             rt.last_op[g] = (kl[-1][_K_OP], kl[-1][_K_SID])
+            lb = (n - 1) // BLOCK
+            try:
+                last_block[g] = (lb, array("I", [r - rels[lb * BLOCK] for r in rels[lb * BLOCK:]]))
+            except OverflowError:  # a block over 4 GiB: the aligner decodes it as for any trace
+                pass
         pairs.sort(key=itemgetter(0))
         ab = rt.after_barrier
         for _rel, k in pairs:
