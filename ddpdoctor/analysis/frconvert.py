@@ -298,7 +298,9 @@ class _Pass:
         kinds, body, stuck, rt, sites = self.kinds, self.body, self.stuck, self.rt, self.sites
         stacks: dict[int, list] = {}  # id of a stack's first frame -> [(frames, site id)]
         order, gorder, t0, world = self.order, self.gorder, self.t0, self.world
-        fields, encode = _FIELDS_FRAMES, frdump.encode
+        fields = _FIELDS_FRAMES
+        kp = frdump.KeyPickler()
+        dump, parts, pop = kp.pickler.dump, kp.parts, kp.parts.pop
         if entries and "frames" not in entries[0]:
             fields = _FIELDS
         append = body.append
@@ -327,9 +329,21 @@ class _Pass:
             else:
                 sid = sites.get(frames)
             try:
-                kk = (encode(v[:_KEYED]), sid)
-            except RecursionError:  # absurdly nested values: told apart by their repr
-                kk = (tuple(map(repr, v[:_KEYED])), sid)
+                dump(v[:_KEYED])
+                kb = pop()
+                if parts:  # a large value, written in parts
+                    parts.append(kb)
+                    kb = b"".join(parts)
+                    parts.clear()
+                kk = (kb, sid)
+            except (RecursionError, ValueError):
+                parts.clear()
+                try:
+                    # a cyclic value: the memo's pickle (its MEMOIZE opcodes, which fast mode never
+                    # writes, keep the two kinds of key apart)
+                    kk = (frdump.encode(v[:_KEYED]), sid)
+                except RecursionError:  # absurdly nested values: told apart by their repr
+                    kk = (tuple(map(repr, v[:_KEYED])), sid)
             kind = kinds.get(kk)
             if kind is None:
                 kind = kinds[kk] = self.kind(e, v, sid)
