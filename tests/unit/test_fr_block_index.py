@@ -92,3 +92,15 @@ def test_a_rewritten_file_has_no_index(tmp_path):
     p = align.first_divergence(run, "0")
     assert p is not None and p.seq == N
     assert p.events[1]["op"] == "barrier" and p.events[0]["op"] == p.events[2]["op"] == "all_reduce"
+
+
+def test_the_index_travels_back_from_the_worker_processes(tmp_path):
+    # from PARALLEL_FROM dumps on, ranks are converted in worker processes and their summaries
+    # pickled back to the report's process: the index must come with them
+    _write(tmp_path, frmodel.PARALLEL_FROM, bad=3)
+    run = load_run([str(tmp_path)], jobs=2)
+    b = (N - 1) // BLOCK
+    assert all(frmodel.block_offsets(rt, "0", b) is not None for rt in run.ranks.values())
+    p = align.first_divergence(run, "0")
+    assert p is not None and p.seq == N and p.events[3]["op"] == "barrier"
+    assert {r for r, e in p.events.items() if e["op"] == "all_reduce"} == set(range(frmodel.PARALLEL_FROM)) - {3}
