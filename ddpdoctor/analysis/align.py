@@ -74,15 +74,20 @@ class _Block:
 
     ``like``: a block of another rank with the same digests (ops, signatures, length): its ops and
     signatures are this block's too, so they are not read again, and this rank's events are found
-    in its own file only when asked for. Ranks that issued the same calls then cost nothing each."""
+    in its own file only when asked for. Ranks that issued the same calls then cost nothing each.
 
-    __slots__ = ("path", "group", "offset", "offsets", "ops", "sigs")
+    ``known``: this rank's events' offsets from ``offset`` when its reader indexed the block
+    (frmodel.block_offsets): an event asked for is then read with one seek."""
 
-    def __init__(self, path: str, group: str, offset: int, limit: int, like: _Block | None = None) -> None:
+    __slots__ = ("path", "group", "offset", "offsets", "ops", "sigs", "known")
+
+    def __init__(self, path: str, group: str, offset: int, limit: int, like: _Block | None = None,
+                 known=None) -> None:
         self.path, self.group, self.offset = path, group, offset
         self.offsets: array | None = array("q")
         self.ops: list[str] = []
         self.sigs: list[str] = []
+        self.known = known
         if like is not None:
             self.offsets, self.ops, self.sigs = None, like.ops, like.sigs
             return
@@ -101,6 +106,10 @@ class _Block:
 
     def __getitem__(self, i: int) -> dict:
         if self.offsets is None:  # shares another rank's ops: find the event in this file
+            if self.known is not None and 0 <= i < len(self.ops) == len(self.known):
+                with open(self.path, "rb") as f:
+                    f.seek(self.offset + self.known[i])
+                    return json.loads(f.readline())
             if 0 <= i < len(self.ops):
                 for k, (_start, rec) in enumerate(_group_events(self.path, self.group, self.offset)):
                     if k == i:
@@ -123,7 +132,7 @@ def _block_events(run: Run, members: list[int], group: str, b: int) -> dict[int,
         blk = gs.blocks[b]
         key = (blk[0], blk[1], min(BLOCK, gs.count - b * BLOCK))
         like = first.get(key)
-        out[r] = _Block(rt.path, group, blk[2], BLOCK, like=like)
+        out[r] = _Block(rt.path, group, blk[2], BLOCK, like=like, known=frmodel.block_offsets(rt, group, b))
         if like is None:
             first[key] = out[r]
     return out

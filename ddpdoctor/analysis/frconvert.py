@@ -22,6 +22,7 @@ import linecache
 import os
 import re
 import zlib
+from array import array
 from collections import deque
 from itertools import compress
 from operator import itemgetter, methodcaller, sub
@@ -297,7 +298,9 @@ class _Pass:
         kinds, body, stuck, rt, sites = self.kinds, self.body, self.stuck, self.rt, self.sites
         stacks: dict[int, list] = {}  # id of a stack's first frame -> [(frames, site id)]
         order, gorder, t0, world = self.order, self.gorder, self.t0, self.world
-        fields, encode = _FIELDS_FRAMES, frdump.encode
+        fields = _FIELDS_FRAMES
+        kp = frdump.KeyPickler()
+        dump, parts, pop = kp.pickler.dump, kp.parts, kp.parts.pop
         if entries and "frames" not in entries[0]:
             fields = _FIELDS
         append = body.append
@@ -326,9 +329,21 @@ class _Pass:
             else:
                 sid = sites.get(frames)
             try:
-                kk = (encode(v[:_KEYED]), sid)
-            except RecursionError:  # absurdly nested values: told apart by their repr
-                kk = (tuple(map(repr, v[:_KEYED])), sid)
+                dump(v[:_KEYED])
+                kb = pop()
+                if parts:  # a large value, written in parts
+                    parts.append(kb)
+                    kb = b"".join(parts)
+                    parts.clear()
+                kk = (kb, sid)
+            except (RecursionError, ValueError):
+                parts.clear()
+                try:
+                    # a cyclic value: the memo's pickle (its MEMOIZE opcodes, which fast mode never
+                    # writes, keep the two kinds of key apart)
+                    kk = (frdump.encode(v[:_KEYED]), sid)
+                except RecursionError:  # absurdly nested values: told apart by their repr
+                    kk = (tuple(map(repr, v[:_KEYED])), sid)
             kind = kinds.get(kk)
             if kind is None:
                 kind = kinds[kk] = self.kind(e, v, sid)
@@ -393,6 +408,11 @@ class _Pass:
         gaps: list[tuple] = []
         pairs: list[tuple] = []
         crc = zlib.crc32
+        # the byte offsets (from the block's start) of each group's events in its last digest block,
+        # where a hang shows: the aligner reads the event it compares there with one seek instead
+        # of decoding the block up to it on every rank (frmodel.block_offsets); ~1 KB a rank
+        last_block: dict[str, tuple[int, array]] = {}
+        rt.last_block = last_block  # type: ignore[attr-defined] - travels with the RankTrace
         for g in self.gorder:
             seqs, rels, kl = zip(*self.gacc[g])
             n = len(seqs)
@@ -409,6 +429,11 @@ class _Pass:
             pairs.extend((rels[i], (kl[i - 1][_K_SID], kl[i][_K_OP]))
                          for i in compress(range(1, n), map(itemgetter(_K_BAR), kl)))
             rt.last_op[g] = (kl[-1][_K_OP], kl[-1][_K_SID])
+            lb = (n - 1) // BLOCK
+            try:
+                last_block[g] = (lb, array("I", [r - rels[lb * BLOCK] for r in rels[lb * BLOCK:]]))
+            except OverflowError:  # a block over 4 GiB: the aligner decodes it as for any trace
+                pass
         pairs.sort(key=itemgetter(0))
         ab = rt.after_barrier
         for _rel, k in pairs:

@@ -213,6 +213,18 @@ def _rewrite(path: str, cut: dict[str, int]) -> None:
     os.replace(tmp, path)
 
 
+def block_offsets(rt, group: str, b: int):
+    """The byte offsets of ``group``'s events in digest block ``b`` of a converted rank, from the
+    block's start (an ``array``), when the converter indexed that block (the last one of each
+    group, where a hang shows); None otherwise (ddpdoctor traces, a file rewritten by _window)."""
+    got = getattr(rt, "last_block", None)
+    if got:
+        lb = got.get(group)
+        if lb is not None and lb[0] == b:
+            return lb[1]
+    return None
+
+
 def is_fr(run) -> bool:
     """Whether the run was read from Flight Recorder dumps."""
     return any(rt.header.get("source") == "flight-recorder" for rt in run.ranks.values())

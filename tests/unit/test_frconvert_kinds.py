@@ -111,3 +111,39 @@ def test_counters_and_digests_summed_per_kind_match_the_file(tmp_path):
     assert len(events) == 700 and s["trace"].groups["0"].count > load.BLOCK
     assert any("then" in n for n in s["notes"])
     assert s["trace"].after_barrier and s["trace"].op_sites
+
+
+def test_keys_of_shared_cyclic_and_large_values(tmp_path):
+    """The kind key (frdump.KeyPickler, fast mode: no memo) of a value shared twice inside an
+    entry equals its copy's; a cyclic value falls back to the memo's pickle; a value larger than
+    a pickle frame is written in parts, joined. Each entry converts as it would alone."""
+    same = [frame(TORCH, 10, "all_reduce")]
+    shape = [4]
+    cyc: list = [2]
+    cyc.append(cyc)
+    big = "x" * 200_000
+    entries = [entry(0, same), entry(1, same, input_sizes=[shape], output_sizes=[shape]),  # shared
+               entry(2, same, input_sizes=[cyc]), entry(3, same, input_sizes=[cyc]),
+               entry(4, same, input_dtypes=[big]), entry(5, same, input_dtypes=[big + "y"]), entry(6, same)]
+    events, _sites, _s = convert(tmp_path, entries, protocol=4)
+    xs = [e["x"] for e in events]
+    assert xs[0] == xs[1] == xs[6] == ["float32[4]"]
+    assert xs[2] == xs[3] == ["float32[2,[2, [...]]]"]
+    assert xs[4] == [f"{big.lower()}[4]"] and xs[5] == [f"{big.lower()}y[4]"]
+
+
+def test_key_pickler_tells_values_apart_exactly():
+    from ddpdoctor.analysis import frdump
+
+    kp = frdump.KeyPickler()
+    values = [1, True, 1.0, [1], (1,), "1", b"1", bytearray(b"1"), {"a": 1}, {"a": True}, [[1, 2]], [[1], [2]]]
+    keys = []
+    for v in values:
+        kp.pickler.dump(v)
+        keys.append(b"".join(kp.parts))
+        kp.parts.clear()
+    assert len(set(keys)) == len(values)
+    kp.pickler.dump(([1], [1]))  # one list twice or two equal lists: one key
+    shared = [1]
+    kp.pickler.dump((shared, shared))
+    assert kp.parts.pop() == kp.parts.pop() and not kp.parts
