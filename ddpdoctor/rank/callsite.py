@@ -122,6 +122,21 @@ next(_frames)
 resume_frames = _frames.send
 
 
+def _load_sitewalk():
+    """``_sitewalk.skip_library`` (rank/_sitewalk.c), or None: not built, or
+    ``DDPDOCTOR_NATIVE=0`` (the Python loop of ``SiteTable.at`` then does the whole walk)."""
+    if os.environ.get("DDPDOCTOR_NATIVE", "1").strip() == "0":
+        return None
+    try:
+        from ._sitewalk import skip_library
+    except ImportError:
+        return None
+    return skip_library
+
+
+_skip_library = _load_sitewalk()
+
+
 class SiteTable:
     """Interns call stacks; emits a ``site`` record through ``emit`` the first time one is seen."""
 
@@ -174,6 +189,10 @@ class SiteTable:
         # (callgrind). Only a module whose file is plain library code (kind 1) is skipped so:
         # frameworks (kind 2) are part of the key, and unknown globals get the code's verdict.
         gkind = self._gkind
+        if _skip_library is not None:
+            # the same test in C for the globals already classified (FSDP's collectives are
+            # 11-16 torch frames from the user's line); the loop below goes on from there
+            f = _skip_library(f, gkind)
         while True:
             g = f.f_globals
             k = gkind.get(_identity(g))
