@@ -68,8 +68,123 @@ error:
     return NULL;
 }
 
+/* object.__hash__(o) as a Python int: the identity keys of SiteTable's tables. */
+static PyObject *
+identity(PyObject *o)
+{
+    return PyLong_FromSsize_t(PyBaseObject_Type.tp_hash(o));
+}
+
+PyDoc_STRVAR(key_doc,
+"site_key(frame, gkind, lib)\n--\n\n"
+"The key SiteTable.at builds for a call made from ``frame`` (the first user frame's code\n"
+"identity and instruction offset, its caller's offset, the framework frames in between), or\n"
+"None where a frame's globals or code are not classified yet: SiteTable.at then walks.");
+
+/* SiteTable.at's hit path in C: the same two loops over the same tables, with no audit event
+ * (PyFrame_GetCode raises none, frame.f_code does) and no Python frame per step. */
+static PyObject *
+site_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyFrame_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "site_key(frame, dict, dict)");
+        return NULL;
+    }
+#if PY_VERSION_HEX >= 0x030B0000
+    PyObject *lib = args[2];
+    PyFrameObject *f = (PyFrameObject *)skip_library(self, args, 2);
+    if (f == NULL)
+        return NULL;
+    /* skip_library stops at globals it does not know too: known non-library ones go on */
+    PyObject *g = PyFrame_GetGlobals(f);
+    PyObject *gid = g == NULL ? NULL : identity(g);
+    Py_XDECREF(g);
+    if (gid == NULL)
+        goto fail;
+    PyObject *gk = PyDict_GetItemWithError(args[1], gid);
+    Py_DECREF(gid);
+    if (gk == NULL) {
+        if (PyErr_Occurred())
+            goto fail;
+        goto unknown;
+    }
+    PyObject *fw = PyList_New(0);  /* (code identity, offset) of each framework frame */
+    if (fw == NULL)
+        goto fail;
+    PyObject *cid = NULL;
+    for (;;) {
+        PyCodeObject *code = PyFrame_GetCode(f);
+        Py_XDECREF(cid);
+        cid = identity((PyObject *)code);
+        Py_DECREF(code);
+        if (cid == NULL)
+            goto fail_fw;
+        PyObject *kind = PyDict_GetItemWithError(lib, cid);
+        if (kind == NULL) {
+            Py_DECREF(cid);
+            Py_DECREF(fw);
+            if (PyErr_Occurred())
+                goto fail;
+            goto unknown;
+        }
+        long k = PyLong_AsLong(kind);
+        if (k == -1 && PyErr_Occurred())
+            goto fail_cid;
+        if (k == 0)
+            break;
+        if (k == 2) {
+            PyObject *off = PyLong_FromLong(PyFrame_GetLasti(f));
+            if (off == NULL || PyList_Append(fw, cid) < 0 || PyList_Append(fw, off) < 0) {
+                Py_XDECREF(off);
+                goto fail_cid;
+            }
+            Py_DECREF(off);
+        }
+        PyFrameObject *b = PyFrame_GetBack(f);
+        if (b == NULL)
+            break;
+        Py_DECREF(f);
+        f = b;
+    }
+    PyFrameObject *b = PyFrame_GetBack(f);
+    Py_ssize_t n = PyList_GET_SIZE(fw);
+    PyObject *key = PyTuple_New(3 + n);
+    if (key == NULL) {
+        Py_XDECREF(b);
+        goto fail_cid;
+    }
+    PyTuple_SET_ITEM(key, 0, cid);  /* the reference moves into the key */
+    PyTuple_SET_ITEM(key, 1, PyLong_FromLong(PyFrame_GetLasti(f)));
+    PyTuple_SET_ITEM(key, 2, PyLong_FromLong(b == NULL ? -1 : PyFrame_GetLasti(b)));
+    Py_XDECREF(b);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PyList_GET_ITEM(fw, i);
+        Py_INCREF(o);
+        PyTuple_SET_ITEM(key, 3 + i, o);
+    }
+    Py_DECREF(fw);
+    Py_DECREF(f);
+    if (PyTuple_GET_ITEM(key, 1) == NULL || PyTuple_GET_ITEM(key, 2) == NULL) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    return key;
+fail_cid:
+    Py_DECREF(cid);
+fail_fw:
+    Py_DECREF(fw);
+fail:
+    Py_DECREF(f);
+    return NULL;
+unknown:
+    Py_DECREF(f);
+#endif
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"skip_library", (PyCFunction)(void (*)(void))skip_library, METH_FASTCALL, skip_doc},
+    {"site_key", (PyCFunction)(void (*)(void))site_key, METH_FASTCALL, key_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -123,18 +123,18 @@ resume_frames = _frames.send
 
 
 def _load_sitewalk():
-    """``_sitewalk.skip_library`` (rank/_sitewalk.c), or None: not built, or
-    ``DDPDOCTOR_NATIVE=0`` (the Python loop of ``SiteTable.at`` then does the whole walk)."""
+    """``_sitewalk.site_key`` (rank/_sitewalk.c), or None: not built, or ``DDPDOCTOR_NATIVE=0``
+    (the Python loops of ``SiteTable.at`` then build every key)."""
     if os.environ.get("DDPDOCTOR_NATIVE", "1").strip() == "0":
         return None
     try:
-        from ._sitewalk import skip_library
+        from ._sitewalk import site_key
     except ImportError:
         return None
-    return skip_library
+    return site_key
 
 
-_skip_library = _load_sitewalk()
+_site_key = _load_sitewalk()
 
 
 class SiteTable:
@@ -183,16 +183,20 @@ class SiteTable:
         helper line reached through the same call line from two different grandparents is one
         site, whose stack is the one seen first. Framework frames (``_frame_kind`` 2) between
         the call and the user's frame are in the key. Frames are classified once per code object."""
+        if _site_key is not None:
+            # the walk below in C for frames already classified (FSDP's collectives are 11-16
+            # torch frames from the user's line: ~90 bytecodes a call in Python, issue #11)
+            key = _site_key(f, self._gkind, self._lib)
+            if key is not None:
+                sid = self._at.get(key)
+                if sid is not None:
+                    return sid
         start = f
         # Frames of library modules (torch: nn.Module's call path, FSDP, DDP) are skipped by
         # their globals, which reading costs no audit event: ~3k instructions saved per frame
         # (callgrind). Only a module whose file is plain library code (kind 1) is skipped so:
         # frameworks (kind 2) are part of the key, and unknown globals get the code's verdict.
         gkind = self._gkind
-        if _skip_library is not None:
-            # the same test in C for the globals already classified (FSDP's collectives are
-            # 11-16 torch frames from the user's line); the loop below goes on from there
-            f = _skip_library(f, gkind)
         while True:
             g = f.f_globals
             k = gkind.get(_identity(g))

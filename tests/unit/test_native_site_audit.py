@@ -44,7 +44,7 @@ def _module(src: str, path: str) -> dict:
 
 
 def _sites(monkeypatch, native: bool):
-    monkeypatch.setattr(callsite, "_skip_library", sitewalk.skip_library if native else None)
+    monkeypatch.setattr(callsite, "_site_key", sitewalk.site_key if native else None)
     lib, fw = _module(LIB_SRC, LIB_FILE), _module(FW_SRC, FW_FILE)
     records: list[dict] = []
     table = SiteTable(records.append)
@@ -80,6 +80,32 @@ def test_skip_library_stops_at_the_first_frame_not_known_as_library():
     assert out.f_globals is globals()  # this test's frame: the first one outside the library
     with pytest.raises(TypeError):
         sitewalk.skip_library("not a frame", {})
+
+
+def test_site_key_is_the_key_of_the_python_walk_and_none_for_unclassified_frames(monkeypatch):
+    """A hit in SiteTable._at under the C key is the site the Python walk would find; a frame
+    the tables do not know yet gives None (the Python walk classifies it). Both keys are taken
+    inside the call: the user frame's instruction offset is part of the key."""
+    lib = _module(LIB_SRC.replace("table.at(sys._getframe())", "table(sys._getframe())"), LIB_FILE)
+    fw = _module(FW_SRC, FW_FILE)
+    table = SiteTable(lambda r: None)
+    monkeypatch.setattr(callsite, "_site_key", None)
+    seen: list = []
+
+    def both(frame):
+        before = sitewalk.site_key(frame, table._gkind, table._lib)
+        n = len(table._at)
+        sid = table.at(frame)  # the Python walk: classifies, stores its key
+        py_key = list(table._at)[n]
+        seen.append((before, py_key, sitewalk.site_key(frame, table._gkind, table._lib), sid))
+        return sid
+
+    lib["unshard"](both, 7)
+    fw["fit"](lib, both)
+    (b1, k1, c1, s1), (b2, k2, c2, s2) = seen
+    assert b1 is None  # nothing classified before the first walk
+    assert c1 == k1 and c2 == k2 and s1 != s2
+    assert len(k1) == 3 and len(k2) == 5  # the framework frame's (code, offset) is in the key
 
 
 AUDIT_PROG = textwrap.dedent("""
