@@ -5,4 +5,8 @@ on without it and the Python fast path is used (rank/patches/fastpath.py)."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("ddpdoctor.rank._fastcall", ["ddpdoctor/rank/_fastcall.c"], optional=True)])
+setup(ext_modules=[Extension("ddpdoctor.rank._fastcall", ["ddpdoctor/rank/_fastcall.c"], optional=True),
+                   # the C audit filter (rank/auditfilter.py): unwatched audit events stay in C
+                   Extension("ddpdoctor.rank._auditfilter", ["ddpdoctor/rank/_auditfilter.c"], optional=True),
+                   # the call-site lookup's pass over library frames (rank/callsite.py)
+                   Extension("ddpdoctor.rank._sitewalk", ["ddpdoctor/rank/_sitewalk.c"], optional=True)])

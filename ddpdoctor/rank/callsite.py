@@ -122,6 +122,21 @@ next(_frames)
 resume_frames = _frames.send
 
 
+def _load_sitewalk():
+    """``_sitewalk.site_key`` (rank/_sitewalk.c), or None: not built, or ``DDPDOCTOR_NATIVE=0``
+    (the Python loops of ``SiteTable.at`` then build every key)."""
+    if os.environ.get("DDPDOCTOR_NATIVE", "1").strip() == "0":
+        return None
+    try:
+        from ._sitewalk import site_key
+    except ImportError:
+        return None
+    return site_key
+
+
+_site_key = _load_sitewalk()
+
+
 class SiteTable:
     """Interns call stacks; emits a ``site`` record through ``emit`` the first time one is seen."""
 
@@ -168,6 +183,14 @@ class SiteTable:
         helper line reached through the same call line from two different grandparents is one
         site, whose stack is the one seen first. Framework frames (``_frame_kind`` 2) between
         the call and the user's frame are in the key. Frames are classified once per code object."""
+        if _site_key is not None:
+            # the walk below in C for frames already classified (FSDP's collectives are 11-16
+            # torch frames from the user's line: ~90 bytecodes a call in Python, issue #11)
+            key = _site_key(f, self._gkind, self._lib)
+            if key is not None:
+                sid = self._at.get(key)
+                if sid is not None:
+                    return sid
         start = f
         # Frames of library modules (torch: nn.Module's call path, FSDP, DDP) are skipped by
         # their globals, which reading costs no audit event: ~3k instructions saved per frame

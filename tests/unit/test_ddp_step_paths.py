@@ -62,6 +62,17 @@ class _Short(torch.nn.Module):
 
 
 def test_forward_site_is_looked_up_once_per_line(monkeypatch):
+    """The Python short path (no C key: ``callsite._site_key`` None); with the C key ``at``
+    itself is the short path, and gives the same site."""
+    from ddpdoctor.rank import callsite
+
+    c_key = callsite._site_key
+    if c_key is not None:
+        table = SiteTable(lambda rec: None)
+        s = _Short(table)
+        with_c = [s(1) for _ in range(3)]
+        assert len(set(with_c)) == 1
+    monkeypatch.setattr(callsite, "_site_key", None)
     _as_recording(monkeypatch)
     table = SiteTable(lambda rec: None)
     calls = []

@@ -20,7 +20,7 @@ import weakref
 from ...trace import ops
 from .. import describe
 from .. import recorder as recorder_mod
-from . import WRAPPED, fastpath
+from . import WRAPPED, fastpath, libcalls
 
 _PATCHED_MARK = WRAPPED
 _get_ident = threading.get_ident
@@ -233,6 +233,7 @@ def _make_collective(op: str, orig, spec):
     keyfn = _key_function(params, defaults, primary + other, values) if keyable else None
     fastkey = fastpath.key_function(params, defaults, primary + other, values, _ABSENT) if keyable else None
     cache: dict = {}
+    lib: dict = {}  # (fast path key, site) -> Hit, for library callers (libcalls.py)
 
     def entry(rec, args, kwargs):
         """The call's cached part (see _record), or False for a call that is not recorded.
@@ -284,6 +285,19 @@ def _make_collective(op: str, orig, spec):
     def general(rec, tid, frame, fkey, fast, args, kwargs):
         """A call the fast path (fastpath.make_wrapper) has no ``Hit`` for: described, recorded,
         and its ``Hit`` stored under ``fkey`` for the next call from this site."""
+        gk = rec.sites._gkind.get(_identity(frame.f_globals))
+        lsite = None
+        if fkey is not None and gk is not None and gk[1]:
+            # a library caller (FSDP, DDP internals): its site is further out; a Hit per
+            # (fkey, site) replays what this path would record (libcalls.py)
+            try:
+                lsite = rec.sites.at(frame)
+                h = lib.get((fkey, lsite))
+            except Exception as exc:  # noqa: BLE001 - never let bookkeeping break the call
+                rec.internal_error(exc)
+                h = lsite = None
+            if h is not None and h.rec is rec:
+                return libcalls.replay(h, rec, tid, orig, args, kwargs, _failed, _track_async)
         ent = None
         try:
             if keyfn is not None:
@@ -312,8 +326,14 @@ def _make_collective(op: str, orig, spec):
             hit = _field(_ddp_overlap, rec, [get(p, args, kwargs) for p in primary])
             if hit:
                 extra = f',"ddp_overlap":{json.dumps(hit)}'
-        gk = rec.sites._gkind.get(_identity(frame.f_globals))
-        if fkey is not None and len(fast) < 4096 and (gk is None or not gk[1]):
+        if lsite is not None and len(lib) < 4096:
+            try:
+                h = fastpath.make_hit(rec, ent, lsite, frame.f_code)
+                if h is not None:
+                    lib[(fkey, lsite)] = h
+            except Exception as exc:  # noqa: BLE001 - never let bookkeeping break the call
+                rec.internal_error(exc)
+        elif fkey is not None and len(fast) < 4096 and (gk is None or not gk[1]):
             try:
                 # only where the caller is the user's frame: a library caller's site is that of
                 # the user frame further out, which this key does not name (a caller in a

@@ -13,6 +13,7 @@ import os
 import sys
 
 from ...trace import files as tracefiles
+from .. import auditfilter
 from . import WRAPPED
 
 _WATCH = {"open": None, "os.remove": "rm", "os.rename": "mv", "os.mkdir": "mkdir",
@@ -170,9 +171,9 @@ def install(rec) -> None:
     from .. import recorder as recorder_mod
 
     def hook(event, args, _watched=_WATCH.keys()):
-        # Every audit event of the process calls this (id(), frame attribute reads, imports...:
-        # ~10 per DDP step, 1-2 per recorded collective); the ones not watched leave after one
-        # membership test (5 bytecodes: a bound default, no global or method lookup).
+        # With the C filter (auditfilter.py) only watched events get here; through
+        # sys.addaudithook every audit event of the process does (id(), frame attribute
+        # reads...), and the ones not watched leave after one membership test.
         if event not in _watched:
             return
         op = _WATCH[event]
@@ -250,7 +251,7 @@ def install(rec) -> None:
         finally:
             r.local.in_audit = False
 
-    sys.addaudithook(hook)
+    auditfilter.add_hook(hook, _WATCH)
     _patch_torch_save()
     from . import probes
 
