@@ -141,15 +141,16 @@ class Shape:
         return Shape(rec, gs, barrier_ops)
 
 
-def chunks(f):
+def chunks(f, size: int = CHUNK):
     """The file as (offset, item): ``item`` is whole lines (bytes ending in a newline), ``None``
     for an over-long line (more than MAX_LINE bytes before its newline; its rest is skipped), or the
-    last line when it has no newline. The same lines as ``conform.bounded_lines``."""
+    last line when it has no newline. The same lines as ``conform.bounded_lines``. ``size``: bytes
+    a read, at most CHUNK (less for a reader that wants a few lines)."""
     off = 0  # file offset of buf[0]
     carry = b""
     skipping = False
     read = f.read
-    size = min(CHUNK, MAX_LINE)  # (see CHUNK)
+    size = min(size, CHUNK, MAX_LINE)  # (see CHUNK)
     while True:
         data = read(size)
         if not data:
