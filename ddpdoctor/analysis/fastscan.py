@@ -227,10 +227,12 @@ class Bulk:
                 keys = list(map(_KEY, rows))
                 shs = list(map(shapes.get, keys))
                 n = len(rows)
-                if None not in shs and item.count(b"\n") == n:  # the usual chunk: one run
-                    if n:
-                        self._run(rows, shs, off)
-                    continue
+                if None not in shs:
+                    lines = list(map(_LINE_OF, rows))
+                    starts = list(accumulate(map(len, lines), initial=off))
+                    if starts[-1] - off == len(item):  # no lines of other kinds: one run
+                        self._run(rows, shs, off, lines, starts)
+                        continue
                 # Rows where a run stops: after lines of other kinds (a gap), or with no known shape
                 # when the chunk was mapped. A shape found meanwhile (its first line was just read)
                 # is looked up again there; the chunk is mapped again only once that was frequent.
@@ -278,14 +280,16 @@ class Bulk:
             if collecting:
                 gc.enable()
 
-    def _run(self, rows: list, seg: list, pos: int) -> int:
+    def _run(self, rows: list, seg: list, pos: int, lines: list | None = None,
+             starts: list | None = None) -> int:
         """Account ``rows`` (lines of known shapes ``seg``, one after the other from file offset
-        ``pos``); returns the offset after them."""
+        ``pos``; ``lines`` and ``starts`` when the caller has them); returns the offset after them."""
         if len(seg) < SHORT_RUN:
             return self._short(rows, seg, 0, len(seg), pos)
         rt = self.rt
-        lines = list(map(itemgetter(_LINE), rows))
-        starts = list(accumulate(map(len, lines), initial=pos))  # offsets of the lines, then the end
+        if lines is None or starts is None:
+            lines = list(map(_LINE_OF, rows))
+            starts = list(accumulate(map(len, lines), initial=pos))  # offsets of the lines, then the end
         ds = list(map(int, map(itemgetter(_D), rows)))
         end = max(map(add, map(int, map(itemgetter(_TS), rows)), ds))
         if end > self.end:
@@ -416,6 +420,7 @@ class Bulk:
 
 
 _BARRIERS = ops.BARRIER_OPS
+_LINE_OF = itemgetter(_LINE)
 _OP_B, _SIG_B, _IS_BARRIER = attrgetter("op_b"), attrgetter("sig_b"), attrgetter("barrier")
 
 

@@ -187,3 +187,4 @@ def test_hostile_lines_read_in_linear_time(tmp_path):
     rt = load.read_rank(str(path))
     assert time.process_time() - t < 20
     assert rt.bad_lines == 3 and rt.events == 100
+
