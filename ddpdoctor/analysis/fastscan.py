@@ -24,7 +24,7 @@ import re
 import sys
 import zlib
 from collections import deque
-from itertools import accumulate, compress, count, islice, repeat
+from itertools import accumulate, compress, count, repeat
 from operator import add, attrgetter, is_, itemgetter
 
 from ..trace import ops
@@ -406,8 +406,19 @@ class Bulk:
                 k = (prev[1], seg[0].op)
                 after[k] = after.get(k, 0) + 1
             if any(sh.barrier for sh in distinct):
-                for x in compress(count(1), map(_IS_BARRIER, islice(seg, len(seg) - 1))):
-                    k = (seg[x - 1].site, seg[x].op)
+                # barriers are few: found by list.index (a C scan by identity), then in file order
+                last, at = len(seg) - 1, []
+                for sh in distinct:
+                    if sh.barrier:
+                        x = -1
+                        try:
+                            while True:
+                                x = seg.index(sh, x + 1, last)
+                                at.append(x)
+                        except ValueError:
+                            pass
+                for x in sorted(at):
+                    k = (seg[x].site, seg[x + 1].op)
                     after[k] = after.get(k, 0) + 1
             last_op[seg[-1].g] = seg[-1].opsite
             return
@@ -421,7 +432,7 @@ class Bulk:
 
 _BARRIERS = ops.BARRIER_OPS
 _LINE_OF = itemgetter(_LINE)
-_OP_B, _SIG_B, _IS_BARRIER = attrgetter("op_b"), attrgetter("sig_b"), attrgetter("barrier")
+_OP_B, _SIG_B = attrgetter("op_b"), attrgetter("sig_b")
 
 
 def _none_at(shs: list, i: int, n: int) -> int:
