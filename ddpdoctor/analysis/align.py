@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from ..trace.records import InFlight
 from . import frmodel
 from .load import BLOCK, RankTrace, read_group_events, signature
+from .regroup import decode, group_lines
 from .run import Run
 
 
@@ -44,27 +45,9 @@ def _pending_event(rt: RankTrace, group: str, seq: int) -> dict | None:
 
 
 def _group_events(path: str, group: str, offset: int):
-    """(byte offset, record) of each sequence event of ``group`` in a file from ``offset``."""
-    try:
-        f = open(path, "rb")
-    except OSError:
-        return
-    with f:
-        f.seek(offset)
-        pos = offset
-        for raw in f:
-            start = pos
-            pos += len(raw)
-            if not raw.endswith(b"\n"):
-                break
-            if b'"c"' not in raw:
-                continue
-            try:
-                rec = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and rec.get("t") == "c" and rec.get("g", "0") == group:
-                yield start, rec
+    """(byte offset, line, record or shape, whole) of each sequence event of ``group`` in a file
+    from ``offset`` (regroup.group_lines: most lines are known by their shape, not decoded)."""
+    return group_lines(path, group, offset)
 
 
 class _Block:
@@ -93,7 +76,7 @@ class _Block:
             return
         if limit <= 0:
             return
-        for start, rec in _group_events(path, group, offset):
+        for start, _raw, rec, _whole in _group_events(path, group, offset):
             op = str(rec.get("op"))
             self.offsets.append(start)
             self.ops.append(sys.intern(op))
@@ -111,9 +94,9 @@ class _Block:
                     f.seek(self.offset + self.known[i])
                     return json.loads(f.readline())
             if 0 <= i < len(self.ops):
-                for k, (_start, rec) in enumerate(_group_events(self.path, self.group, self.offset)):
+                for k, (_start, raw, rec, whole) in enumerate(_group_events(self.path, self.group, self.offset)):
                     if k == i:
-                        return rec
+                        return decode(raw, rec, whole)
             raise IndexError(i)
         with open(self.path, "rb") as f:
             f.seek(self.offsets[i])

@@ -24,7 +24,7 @@ import re
 import sys
 import zlib
 from collections import deque
-from itertools import accumulate, compress, count, islice, repeat
+from itertools import accumulate, compress, count, repeat
 from operator import add, attrgetter, is_, itemgetter
 
 from ..trace import ops
@@ -141,15 +141,16 @@ class Shape:
         return Shape(rec, gs, barrier_ops)
 
 
-def chunks(f):
+def chunks(f, size: int = CHUNK):
     """The file as (offset, item): ``item`` is whole lines (bytes ending in a newline), ``None``
     for an over-long line (more than MAX_LINE bytes before its newline; its rest is skipped), or the
-    last line when it has no newline. The same lines as ``conform.bounded_lines``."""
+    last line when it has no newline. The same lines as ``conform.bounded_lines``. ``size``: bytes
+    a read, at most CHUNK (less for a reader that wants a few lines)."""
     off = 0  # file offset of buf[0]
     carry = b""
     skipping = False
     read = f.read
-    size = min(CHUNK, MAX_LINE)  # (see CHUNK)
+    size = min(size, CHUNK, MAX_LINE)  # (see CHUNK)
     while True:
         data = read(size)
         if not data:
@@ -226,10 +227,12 @@ class Bulk:
                 keys = list(map(_KEY, rows))
                 shs = list(map(shapes.get, keys))
                 n = len(rows)
-                if None not in shs and item.count(b"\n") == n:  # the usual chunk: one run
-                    if n:
-                        self._run(rows, shs, off)
-                    continue
+                if None not in shs:
+                    lines = list(map(_LINE_OF, rows))
+                    starts = list(accumulate(map(len, lines), initial=off))
+                    if starts[-1] - off == len(item):  # no lines of other kinds: one run
+                        self._run(rows, shs, off, lines, starts)
+                        continue
                 # Rows where a run stops: after lines of other kinds (a gap), or with no known shape
                 # when the chunk was mapped. A shape found meanwhile (its first line was just read)
                 # is looked up again there; the chunk is mapped again only once that was frequent.
@@ -277,14 +280,16 @@ class Bulk:
             if collecting:
                 gc.enable()
 
-    def _run(self, rows: list, seg: list, pos: int) -> int:
+    def _run(self, rows: list, seg: list, pos: int, lines: list | None = None,
+             starts: list | None = None) -> int:
         """Account ``rows`` (lines of known shapes ``seg``, one after the other from file offset
-        ``pos``); returns the offset after them."""
+        ``pos``; ``lines`` and ``starts`` when the caller has them); returns the offset after them."""
         if len(seg) < SHORT_RUN:
             return self._short(rows, seg, 0, len(seg), pos)
         rt = self.rt
-        lines = list(map(itemgetter(_LINE), rows))
-        starts = list(accumulate(map(len, lines), initial=pos))  # offsets of the lines, then the end
+        if lines is None or starts is None:
+            lines = list(map(_LINE_OF, rows))
+            starts = list(accumulate(map(len, lines), initial=pos))  # offsets of the lines, then the end
         ds = list(map(int, map(itemgetter(_D), rows)))
         end = max(map(add, map(int, map(itemgetter(_TS), rows)), ds))
         if end > self.end:
@@ -401,8 +406,19 @@ class Bulk:
                 k = (prev[1], seg[0].op)
                 after[k] = after.get(k, 0) + 1
             if any(sh.barrier for sh in distinct):
-                for x in compress(count(1), map(_IS_BARRIER, islice(seg, len(seg) - 1))):
-                    k = (seg[x - 1].site, seg[x].op)
+                # barriers are few: found by list.index (a C scan by identity), then in file order
+                last, at = len(seg) - 1, []
+                for sh in distinct:
+                    if sh.barrier:
+                        x = -1
+                        try:
+                            while True:
+                                x = seg.index(sh, x + 1, last)
+                                at.append(x)
+                        except ValueError:
+                            pass
+                for x in sorted(at):
+                    k = (seg[x].site, seg[x + 1].op)
                     after[k] = after.get(k, 0) + 1
             last_op[seg[-1].g] = seg[-1].opsite
             return
@@ -415,7 +431,8 @@ class Bulk:
 
 
 _BARRIERS = ops.BARRIER_OPS
-_OP_B, _SIG_B, _IS_BARRIER = attrgetter("op_b"), attrgetter("sig_b"), attrgetter("barrier")
+_LINE_OF = itemgetter(_LINE)
+_OP_B, _SIG_B = attrgetter("op_b"), attrgetter("sig_b")
 
 
 def _none_at(shs: list, i: int, n: int) -> int:

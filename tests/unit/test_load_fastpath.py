@@ -187,3 +187,20 @@ def test_hostile_lines_read_in_linear_time(tmp_path):
     rt = load.read_rank(str(path))
     assert time.process_time() - t < 20
     assert rt.bad_lines == 3 and rt.events == 100
+
+
+
+def test_barrier_successors_in_file_order(tmp_path):
+    """Two barrier sites and several successors inside long runs of one group: the same counts
+    as the line-by-line reader, first seen in the same order (report order follows it)."""
+    path = tmp_path / "rank00000-h-1-a0.jsonl"
+    ops = [("all_reduce", 1), ("barrier", 7), ("broadcast", 3), ("barrier", 8), ("all_reduce", 1),
+           ("all_reduce", 2), ("barrier", 8), ("barrier", 7), ("broadcast", 3)]
+    lines = [json.dumps(HEADER)]
+    for i in range(900):
+        op, site = ops[(i * 7 + i // 50) % len(ops)]
+        lines.append(f'{{"t":"c","op":"{op}","g":"0","s":{i + 1},"ts":{10 * i},"d":{i % 9},"site":{site}}}')
+    path.write_text("\n".join(lines) + "\n")
+    slow, fast = _both(path)
+    assert slow == fast and len(slow["after_barrier"]) >= 4
+    assert list(slow["after_barrier"]) == list(fast["after_barrier"])

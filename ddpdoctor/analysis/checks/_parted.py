@@ -13,36 +13,14 @@ from __future__ import annotations
 
 from array import array
 
-from ...trace.files import open_regular
 from ...verdict import blame, parting
-from ..conform import bounded_lines, parse_line
 from ..load import BLOCK
+from ..regroup import group_events as _group_events  # (offset, record) as load.iter_records reads
+from ..regroup import group_lines
 from .base import Context
 
 #: How many positions before a divergence are compared.
 WINDOW = 64
-
-
-def _group_events(path: str, group: str, offset: int):
-    """(byte offset, record) of each sequence event of ``group`` from ``offset``, read as
-    ``load.iter_records`` reads (corrupt lines skipped, stop at a truncated last line)."""
-    try:
-        f = open_regular(path)
-    except OSError:
-        return
-    with f:
-        f.seek(offset)
-        for start, raw in bounded_lines(f):
-            if raw is None:
-                continue
-            if not raw.endswith(b"\n"):
-                return
-            try:
-                rec = parse_line(raw)
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(rec, dict) and rec.get("t") == "c" and rec.get("g", "0") == group:
-                yield offset + start, rec
 
 
 class _Window:
@@ -64,7 +42,8 @@ class _Window:
         sites: list = []
         offsets = array("q")
         s = b * BLOCK
-        for start, rec in _group_events(rt.path, self.group, gs.blocks[b][2]):
+        # op and site only: most lines are known by their shape, not decoded (regroup.py)
+        for start, _raw, rec, _whole in group_lines(rt.path, self.group, gs.blocks[b][2]):
             s += 1
             if s < self.lo:
                 continue
