@@ -83,9 +83,15 @@ def overlap(rec, values) -> list[str]:
             mod = ref()
             if mod is None:
                 continue
+            info = getattr(mod, "_ddpdoctor", None) or {}
+            # DDP reduced the current gradients only if its last reducing backward came from
+            # the last grad-enabled forward; a forward since (under no_sync, or with
+            # require_backward_grad_sync off) means they are local: a manual all-reduce of them
+            # is the job's only reduction (custom gradient sync), not a second one
+            reduced = info.get("gfwd", 0) <= info.get("fwd_at_bwd", 0)
             for name, p in mod.module.named_parameters():
                 for t, label, is_grad in ((p, name, False), (p.grad, name + ".grad", True)):
-                    if t is None:
+                    if t is None or (is_grad and not reduced):
                         continue
                     try:
                         lo, hi = _extent(t)
@@ -249,6 +255,8 @@ def patch() -> None:
         rec.inflight.pop(fkey, None)
         try:
             info["fwd"] += 1
+            if grad:  # the last forward a backward can come from (overlap(): was it reduced?)
+                info["gfwd"] = info["fwd"]
             rebuilt = rebuilt_before is False and getattr(self, "_has_rebuilt_buckets", False) is True
             if rebuilt and not comm:  # it did communicate after all
                 comm, seq = True, rec.next_seq(gname)
@@ -363,6 +371,7 @@ class _BackwardHook:
             info = self.info
             self.key = key = ("ddp_bwd", _get_ident())
             self.step = step = info["bwd"] = info["bwd"] + 1
+            info["fwd_at_bwd"] = info["fwd"]
             g = info["g"]
             seqs = rec.seq
             self.seq = seq = seqs.get(g, 0) + 1

@@ -3,7 +3,9 @@
 ZeroRedundancyOptimizer (each rank steps its own shard, then the shards are broadcast: the inner
 step sees replicas that differ by design), gradient accumulation under no_sync, activation
 checkpointing, a batch_isend_irecv ring, all_gather_object metrics, early stopping on an
-all-reduced flag, the ZeRO state consolidated to rank 0 and saved there only.
+all-reduced flag, gradients synchronised by hand after backwards under no_sync (the only
+reduction, though DDP reduced earlier steps), the ZeRO state consolidated to rank 0 and saved
+there only.
 """
 
 import os
@@ -65,6 +67,22 @@ for epoch in range(6):
     dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # the same decision on every rank
     if stop.item():
         break
+
+
+def synced_by_hand(x, y):
+    """DDP's reduction skipped, the gradients all-reduced here instead (e.g. in another dtype or
+    over a custom group): the only reduction, not a second one."""
+    with model.no_sync():
+        nn.functional.mse_loss(model(x), y).backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= world
+    opt.step()
+    opt.zero_grad()
+
+
+for _ in range(2):
+    synced_by_hand(torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g))
 opt.consolidate_state_dict(to=0)
 if rank == 0:
     torch.save(opt.state_dict(), os.path.join(tempfile.mkdtemp(), "opt.pt"))
