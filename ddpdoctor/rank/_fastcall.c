@@ -26,6 +26,15 @@
 #if PY_VERSION_HEX < 0x030B0000
 #include <frameobject.h> /* f_lasti before PyFrame_GetLasti (3.11) */
 #endif
+/* 3.11: the interpreter's frames read in place (see where()); other versions: frame objects */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+#define FAST_FRAMES 1
+#define Py_BUILD_CORE
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#else
+#define FAST_FRAMES 0
+#endif
 
 /* Hit's fields (fastpath.Hit, a NamedTuple: read by index). */
 enum { H_REC, H_G, H_OP, H_INSEQ, H_SITE, H_HEAD, H_MID, H_TAIL, H_SLOT_TAIL, H_ASYNC, H_WTAG,
@@ -33,7 +42,7 @@ enum { H_REC, H_G, H_OP, H_INSEQ, H_SITE, H_HEAD, H_MID, H_TAIL, H_SLOT_TAIL, H_
 
 #define MAXPLAN 8 /* branches of a key plan, and terms of one (torch's signatures: <= 6) */
 
-static PyObject *s_shape, *s_dtype, *s_device, *s_recorder, *s_enabled, *s_local, *s_depth,
+static PyObject *s_shape, *s_dtype, *s_device, *s_is_cpu, *s_recorder, *s_enabled, *s_local, *s_depth,
     *s_flag, *s_inflight, *s_ddp_refs, *s_seq, *s_t0_ns, *s_slot, *s__mm, *s_writer, *s_mm, *s_write, *s_emit_bytes, *s_events,
     *s_last_event, *s_internal_error;
 
@@ -41,6 +50,16 @@ static PyObject *s_shape, *s_dtype, *s_device, *s_recorder, *s_enabled, *s_local
 #define FIELDS(X)                                                                          \
     X(orig) X(fastkey) X(general) X(fast) X(tc) X(failed) X(track_async) X(recmod) X(python) \
     X(perf_ns)
+
+#define NMEMO 8 /* memo entries (see find_hit): a loop calls a collective from a few sites */
+
+typedef struct {
+    PyObject *code, *hit; /* strong references; code NULL: an empty entry */
+    long a, b;            /* the call's and its caller's instruction offsets */
+    Py_ssize_t n;         /* positional arguments */
+    int nv;
+    PyObject *vals[MAXPLAN * 3]; /* the key's terms (read_terms) */
+} Memo;
 
 typedef struct {
     PyObject_HEAD
@@ -53,6 +72,7 @@ typedef struct {
      * and device; 1: its identity; 2: itself). nplan 0: no plan, the Python key function. */
     int nplan;
     signed char plen[MAXPLAN], pos[MAXPLAN][MAXPLAN], kind[MAXPLAN][MAXPLAN];
+    Memo memo[NMEMO];
 } Wrapper;
 
 /* ---- small helpers ---------------------------------------------------------------------- */
@@ -140,6 +160,7 @@ static int truthy_attr(PyObject *o, PyObject *name) {
     return r;
 }
 
+#if !FAST_FRAMES
 /* frame.f_lasti as Python reads it (the key's instruction offsets). */
 static long frame_lasti(PyFrameObject *f) {
 #if PY_VERSION_HEX >= 0x030B0000
@@ -149,6 +170,205 @@ static long frame_lasti(PyFrameObject *f) {
 #else
     return (long)f->f_lasti;
 #endif
+}
+#endif
+
+/* Where the user's call is: the code of the frame that called fastpath's shim (borrowed: that
+ * frame holds it), its instruction offset and its caller's (-1 for none), as
+ * frame.f_code/f_lasti/f_back read them. */
+typedef struct {
+    PyObject *code;
+    long a, b;
+} Where;
+
+#if FAST_FRAMES
+/* Session 5: PyEval_GetFrame/PyFrame_GetBack make a frame object for the shim's frame and
+ * the user's, new at every call, and free them when those frames return: ~800 instructions
+ * (callgrind). The interpreter's frames are read in place instead, skipping the incomplete
+ * ones exactly as PyFrame_GetBack does; a frame object is made only where the general path
+ * needs one (user_frame()). */
+static _PyInterpreterFrame *complete(_PyInterpreterFrame *f) {
+    while (f != NULL && _PyFrame_IsIncomplete(f))
+        f = f->previous;
+    return f;
+}
+
+static long iframe_lasti(_PyInterpreterFrame *f) {
+    int lasti = _PyInterpreterFrame_LASTI(f);
+    return lasti < 0 ? -1 : (long)lasti * (long)sizeof(_Py_CODEUNIT); /* PyFrame_GetLasti */
+}
+
+static int where(Where *o) {
+    _PyInterpreterFrame *shim = complete(PyThreadState_Get()->cframe->current_frame);
+    _PyInterpreterFrame *f = shim == NULL ? NULL : complete(shim->previous);
+    if (f == NULL)
+        return 0;
+    _PyInterpreterFrame *back = complete(f->previous);
+    o->code = (PyObject *)f->f_code;
+    o->a = iframe_lasti(f);
+    o->b = back == NULL ? -1 : iframe_lasti(back);
+    return 1;
+}
+#endif
+
+/* The user's frame object (a new reference), or NULL (no error set) where there is none. */
+static PyObject *user_frame(void) {
+    PyFrameObject *shim = PyEval_GetFrame();
+    return shim == NULL ? NULL : (PyObject *)PyFrame_GetBack(shim);
+}
+
+#if !FAST_FRAMES
+static int where(Where *o) {
+    PyFrameObject *frame = (PyFrameObject *)user_frame();
+    if (frame == NULL)
+        return 0;
+    PyCodeObject *code = PyFrame_GetCode(frame);
+    Py_DECREF(code); /* still alive: the frame holds it */
+    PyFrameObject *back = PyFrame_GetBack(frame);
+    o->code = (PyObject *)code;
+    o->a = frame_lasti(frame);
+    o->b = back == NULL ? -1 : frame_lasti(back);
+    Py_XDECREF(back);
+    Py_DECREF(frame);
+    return 1;
+}
+#endif
+
+/* ---- attribute reads and writes ---------------------------------------------------------- */
+
+/* Session 5 (callgrind, one-element all_reduce): the ~17 attribute reads of a repeat call cost
+ * ~5.4k instructions, ~300 each for a plain instance attribute (PyObject_GetAttr: the type's
+ * method cache, then the instance's values), ~240 for a module's. The objects read here are
+ * plain: the recorder, its in-flight slot and trace writer, the recorder and torch.compiler
+ * modules. For such an object the attribute IS the entry of its instance dict, so it is read
+ * (and written) there: one dict lookup. "Plain" is checked per (type, name) and remembered
+ * with the type's version tag, which CPython changes whenever the type or a base changes (a
+ * descriptor added later is seen). Anything else, or a name not in the dict, goes through
+ * PyObject_GetAttr/SetAttr: the same result and the same errors in every case. */
+typedef struct {
+    PyTypeObject *tp; /* not a reference: a new type at the same address has a new tag */
+    unsigned int tag;
+    /* The value last read, valid while its dict is unchanged (PEP 509's version tag, which
+     * every change of a dict moves, STORE_ATTR's included): a dict lookup was still ~110
+     * instructions (the recorder's dict is a split table), this ~10. set_attr keeps it valid
+     * across this file's own writes of other names. 3.11 only (the tag is deprecated later). */
+    PyObject *dict, *val; /* strong references: an address compared here is never reused */
+    unsigned long long ver;
+} AttrSite;
+
+#if PY_VERSION_HEX >= 0x030600A7 && PY_VERSION_HEX < 0x030C0000
+#define DICT_VERSIONS 1
+#define DICT_VER(d) (((PyDictObject *)(d))->ma_version_tag)
+#else
+#define DICT_VERSIONS 0
+#endif
+
+enum { A_RECORDER, A_ENABLED, A_LOCAL, A_FLAG, A_INFLIGHT, A_DDP_REFS, A_SEQ, A_T0_NS, A_SLOT,
+       A__MM, A_WRITER, A_MM, A_EVENTS, A_LAST_EVENT, A_N };
+static AttrSite get_sites[A_N], set_sites[A_N];
+
+/* 1 and the instance dict of o (a new reference) where o.name is that dict's entry; 0 where
+ * it may not be (the generic path then); -1 on error. */
+static int plain_dict(PyObject *o, PyObject *name, AttrSite *c, int set, PyObject **dict) {
+    PyTypeObject *tp = Py_TYPE(o);
+    if (tp != c->tp || tp->tp_version_tag != c->tag || c->tag == 0) {
+        if (set ? tp->tp_setattro != PyObject_GenericSetAttr
+                : tp->tp_getattro != PyObject_GenericGetAttr)
+            return 0;
+#ifdef Py_TPFLAGS_MANAGED_DICT
+        if (!(tp->tp_flags & Py_TPFLAGS_MANAGED_DICT) && tp->tp_dictoffset == 0)
+#else
+        if (tp->tp_dictoffset == 0)
+#endif
+            return 0;
+        /* no class attribute of that name anywhere in the MRO: no descriptor, no default
+         * (this lookup also gives the type a version tag where it can have one) */
+        if (_PyType_Lookup(tp, name) != NULL || tp->tp_version_tag == 0)
+            return 0;
+        c->tp = tp;
+        c->tag = tp->tp_version_tag;
+    }
+    *dict = PyObject_GenericGetDict(o, NULL);
+    return *dict == NULL ? -1 : 1;
+}
+
+/* o.name as a new reference (NULL with an error set): see above. */
+static PyObject *get_attr(PyObject *o, int which, PyObject *name) {
+    PyObject *d = NULL, *v;
+    int r;
+    if (PyModule_CheckExact(o)) { /* module_getattro finds a module's globals in its dict */
+        d = PyModule_GetDict(o);
+        Py_INCREF(d);
+        r = 1;
+    } else {
+        r = plain_dict(o, name, &get_sites[which], 0, &d);
+    }
+    if (r < 0)
+        return NULL;
+    if (r > 0) {
+#if DICT_VERSIONS
+        AttrSite *c = &get_sites[which];
+        if (d == c->dict && DICT_VER(d) == c->ver) {
+            Py_DECREF(d);
+            Py_INCREF(c->val);
+            return c->val;
+        }
+#endif
+        v = PyDict_GetItemWithError(d, name);
+        Py_XINCREF(v);
+#if DICT_VERSIONS
+        if (v != NULL && PyDict_CheckExact(d)) {
+            Py_INCREF(d);
+            Py_INCREF(v);
+            Py_XSETREF(c->dict, d);
+            Py_XSETREF(c->val, v);
+            c->ver = DICT_VER(d);
+        }
+#endif
+        Py_DECREF(d);
+        if (v != NULL || PyErr_Occurred())
+            return v;
+    }
+    return PyObject_GetAttr(o, name); /* (an absent name: its AttributeError, or __getattr__) */
+}
+
+/* o.name = v; 0, or -1 with an error set. */
+static int set_attr(PyObject *o, int which, PyObject *name, PyObject *v) {
+    PyObject *d = NULL;
+    int r = plain_dict(o, name, &set_sites[which], 1, &d);
+    if (r < 0)
+        return -1;
+    if (r == 0)
+        return PyObject_SetAttr(o, name, v);
+#if DICT_VERSIONS
+    unsigned long long before = PyDict_CheckExact(d) ? DICT_VER(d) : 0;
+#endif
+    r = PyDict_SetItem(d, name, v);
+#if DICT_VERSIONS
+    /* only `name` changed: what was read of the others stays valid; `name` is now v */
+    for (int i = 0; before != 0 && r == 0 && i < A_N; i++) {
+        AttrSite *c = &get_sites[i];
+        if (c->dict != d || c->ver != before)
+            continue;
+        c->ver = DICT_VER(d);
+        if (i == which) {
+            Py_INCREF(v);
+            Py_SETREF(c->val, v);
+        }
+    }
+#endif
+    Py_DECREF(d);
+    return r;
+}
+
+#define GET(o, NAME, s) get_attr(o, A_##NAME, s)
+
+static int truthy(PyObject *v) { /* consumes v (may be NULL: the error propagates) */
+    if (v == NULL)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
 }
 
 /* ---- the call --------------------------------------------------------------------------- */
@@ -161,17 +381,17 @@ static long frame_lasti(PyFrameObject *f) {
 static int tracing(Wrapper *w, PyObject *rec) {
     if (rec == Py_None)
         return 0;
-    int r = truthy_attr(rec, s_enabled);
+    int r = truthy(GET(rec, ENABLED, s_enabled));
     if (r <= 0)
         return r;
-    PyObject *local = PyObject_GetAttr(rec, s_local);
+    PyObject *local = GET(rec, LOCAL, s_local);
     if (local == NULL)
         return -1;
-    r = truthy_attr(local, s_depth);
+    r = truthy_attr(local, s_depth); /* a threading.local: its own getattro */
     Py_DECREF(local);
     if (r != 0)
         return r < 0 ? -1 : 0;
-    r = truthy_attr(w->tc, s_flag);
+    r = truthy(GET(w->tc, FLAG, s_flag));
     return r < 0 ? -1 : !r;
 }
 
@@ -197,33 +417,31 @@ fail:
     return -1;
 }
 
-/* The key of a call with n positional arguments and no keyword arguments from its plan:
- * (code, lasti, caller's lasti, n, terms...), the tuple the Python key function returns.
- * Steals nothing; NULL with an error set (AttributeError for an argument that is no tensor). */
-static PyObject *plan_key(Wrapper *w, PyObject *const *args, Py_ssize_t n, PyObject *head[3]) {
-    Py_ssize_t size = 4;
-    for (int i = 0; i < w->plen[n]; i++)
-        size += w->kind[n][i] == 0 ? 3 : 1;
-    PyObject *key = PyTuple_New(size), *v;
-    if (key == NULL)
-        return NULL;
-    for (int i = 0; i < 3; i++) {
-        Py_INCREF(head[i]);
-        PyTuple_SET_ITEM(key, i, head[i]);
-    }
-    if ((v = PyLong_FromSsize_t(n)) == NULL)
-        goto fail;
-    PyTuple_SET_ITEM(key, 3, v);
-    Py_ssize_t j = 4;
+/* The terms of the key of a call with n positional arguments and no keyword arguments, from
+ * its plan, into vals (new references): a tensor gives its shape, its dtype and `is_cpu or
+ * device` (see fastpath.key_function), an enum its identity, anything else itself. Their
+ * number, or -1 with an error set (AttributeError for an argument that is no tensor). */
+static int read_terms(Wrapper *w, PyObject *const *args, Py_ssize_t n, PyObject **vals) {
+    int j = 0;
+    PyObject *v;
     for (int i = 0; i < w->plen[n]; i++) {
         PyObject *arg = args[(int)w->pos[n][i]];
         if (w->kind[n][i] == 0) { /* a tensor: what its description depends on */
-            PyObject *names[3] = {s_shape, s_dtype, s_device};
-            for (int k = 0; k < 3; k++) {
-                if ((v = PyObject_GetAttr(arg, names[k])) == NULL)
+            if ((vals[j] = PyObject_GetAttr(arg, s_shape)) == NULL)
+                goto fail;
+            j++;
+            if ((vals[j] = PyObject_GetAttr(arg, s_dtype)) == NULL)
+                goto fail;
+            j++;
+            if ((v = PyObject_GetAttr(arg, s_is_cpu)) == NULL)
+                goto fail;
+            int r = PyObject_IsTrue(v);
+            if (r <= 0) { /* `or`: the device, only where the tensor is not on the CPU */
+                Py_DECREF(v);
+                if (r < 0 || (v = PyObject_GetAttr(arg, s_device)) == NULL)
                     goto fail;
-                PyTuple_SET_ITEM(key, j++, v);
             }
+            vals[j++] = v;
             continue;
         }
         if (w->kind[n][i] == 1) { /* a pybind enum hashes through Python: its identity */
@@ -233,49 +451,177 @@ static PyObject *plan_key(Wrapper *w, PyObject *const *args, Py_ssize_t n, PyObj
             v = arg;
             Py_INCREF(v);
         }
-        PyTuple_SET_ITEM(key, j++, v);
+        vals[j++] = v;
     }
-    return key;
+    return j;
 fail:
-    Py_DECREF(key);
-    return NULL;
+    while (j > 0)
+        Py_DECREF(vals[--j]);
+    return -1;
 }
 
-/* The cache key of this call from `frame` (fastpath.key_function), or None where the arguments
- * cannot be keyed (AttributeError/TypeError: the general path then handles the call).
- * *argt and *kw: the call's arguments as a tuple and a dict, made here when the Python key
- * function needs them. */
-static PyObject *call_key(Wrapper *w, PyFrameObject *frame, PyObject *const *args,
-                          Py_ssize_t nargs, PyObject *kwnames, PyObject **argt, PyObject **kw) {
-    PyCodeObject *code = PyFrame_GetCode(frame);
+/* The key (code, lasti, caller's lasti, n, terms...), the tuple the Python key function
+ * returns; NULL with an error set. */
+static PyObject *plan_key(PyObject *head[3], Py_ssize_t n, PyObject **vals, int nv) {
+    PyObject *key = PyTuple_New(4 + nv), *v;
+    if (key == NULL)
+        return NULL;
+    for (int i = 0; i < 3; i++) {
+        Py_INCREF(head[i]);
+        PyTuple_SET_ITEM(key, i, head[i]);
+    }
+    if ((v = PyLong_FromSsize_t(n)) == NULL) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(key, 3, v);
+    for (int i = 0; i < nv; i++) {
+        Py_INCREF(vals[i]);
+        PyTuple_SET_ITEM(key, 4 + i, vals[i]);
+    }
+    return key;
+}
+
+/* ---- the memo: the last Hits found, without building and hashing their key --------------- */
+
+/* Session 5: building the key tuple, hashing it (torch.Size, a device) and the dict lookup cost
+ * ~1.5k instructions a call (callgrind). A repeat call from a site usually passes what the last
+ * call from there passed: a few entries, by call site, remember the terms of the last key found
+ * there and its Hit. An entry is used only where every term is the same as its own, which
+ * implies that the key is equal (so `fast` holds that Hit under it): the same object, or for
+ * C types (ints, torch.Size and its ints, torch.device) equal by their C comparison, which runs
+ * no Python code. Anything else (a Python-level __eq__) is a miss: the dict path. */
+
+static int same(PyObject *a, PyObject *b) {
+    if (a == b)
+        return 1;
+    PyTypeObject *tp = Py_TYPE(a);
+    if (tp != Py_TYPE(b) || (tp->tp_flags & Py_TPFLAGS_HEAPTYPE))
+        return 0;
+    if (PyTuple_Check(a)) { /* a torch.Size: its ints, one by one */
+        Py_ssize_t k = PyTuple_GET_SIZE(a);
+        if (k != PyTuple_GET_SIZE(b))
+            return 0;
+        for (Py_ssize_t i = 0; i < k; i++)
+            if (!same(PyTuple_GET_ITEM(a, i), PyTuple_GET_ITEM(b, i)))
+                return 0;
+        return 1;
+    }
+    if (tp == &PyList_Type || tp == &PyDict_Type || tp == &PySet_Type || tp == &PyFrozenSet_Type)
+        return 0; /* containers: their items may compare in Python */
+    int r = PyObject_RichCompareBool(a, b, Py_EQ);
+    if (r < 0)
+        PyErr_Clear(); /* a miss: the dict path compares again and raises what it raises */
+    return r > 0;
+}
+
+static Memo *memo_slot(Wrapper *w, PyObject *code, long a, long b) {
+    size_t h = ((size_t)code >> 4) ^ ((size_t)a * 31u) ^ ((size_t)b * 131u);
+    return &w->memo[h % NMEMO];
+}
+
+static int memo_match(Memo *m, PyObject *code, long a, long b, Py_ssize_t n, PyObject **vals,
+                      int nv) {
+    if (m->code != code || m->a != a || m->b != b || m->n != n || m->nv != nv)
+        return 0;
+    for (int i = 0; i < nv; i++)
+        if (!same(vals[i], m->vals[i]))
+            return 0;
+    return 1;
+}
+
+static void memo_clear(Memo *m) {
+    for (int i = 0; i < m->nv; i++)
+        Py_CLEAR(m->vals[i]);
+    m->nv = 0;
+    Py_CLEAR(m->code);
+    Py_CLEAR(m->hit);
+}
+
+static void memo_store(Memo *m, PyObject *code, long a, long b, Py_ssize_t n, PyObject **vals,
+                       int nv, PyObject *hit) {
+    memo_clear(m);
+    Py_INCREF(code);
+    Py_INCREF(hit);
+    m->code = code; /* held: an address compared here is never another code's */
+    m->hit = hit;
+    m->a = a;
+    m->b = b;
+    m->n = n;
+    for (int i = 0; i < nv; i++) {
+        Py_INCREF(vals[i]);
+        m->vals[i] = vals[i];
+    }
+    m->nv = nv;
+}
+
+/* The Hit of this call from `frame` (a new reference) into *hit, or NULL where there is none,
+ * and its key (fastpath.key_function) into *key: None where the arguments cannot be keyed
+ * (AttributeError/TypeError: the general path then handles the call), NULL where the memo
+ * gave the Hit. *argt and *kw: the call's arguments as a tuple and a dict, made here when the
+ * Python key function needs them. 0, or -1 with an error set. */
+static int find_hit(Wrapper *w, PyObject *rec, const Where *at, PyObject *const *args,
+                    Py_ssize_t nargs, PyObject *kwnames, PyObject **argt, PyObject **kw,
+                    PyObject **key, PyObject **hit) {
+    PyObject *code = at->code; /* alive: its frame holds it, and a Hit keeps it once cached */
+    long la = at->a, lb = at->b;
+    PyObject *vals[MAXPLAN * 3];
+    int nv = -2; /* -2: no plan (the Python key function), -1: the terms raised */
+    Memo *m = NULL;
+    int nokw = kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0;
+    if (nokw && nargs < w->nplan) {
+        nv = read_terms(w, args, nargs, vals);
+        if (nv >= 0) {
+            m = memo_slot(w, code, la, lb);
+            if (memo_match(m, code, la, lb, nargs, vals, nv) &&
+                PyTuple_GET_ITEM(m->hit, H_REC) == rec) {
+                *hit = m->hit;
+                Py_INCREF(*hit);
+                goto out;
+            }
+        }
+    }
     /* object.__hash__ of the code, as fastpath's key and dist.general (fkey[0]) expect */
-    PyObject *ident = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash((PyObject *)code));
-    Py_DECREF(code); /* still alive: the frame holds it, and a Hit keeps it once cached */
-    PyFrameObject *back = PyFrame_GetBack(frame);
-    PyObject *a = PyLong_FromLong(frame_lasti(frame));
-    PyObject *b = PyLong_FromLong(back == NULL ? -1 : frame_lasti(back));
-    Py_XDECREF(back);
-    PyObject *key = NULL;
-    if (ident != NULL && a != NULL && b != NULL) {
-        int nokw = kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0;
-        if (nokw && nargs < w->nplan) {
-            PyObject *head[3] = {ident, a, b};
-            key = plan_key(w, args, nargs, head);
+    PyObject *ident = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash(code));
+    PyObject *a = PyLong_FromLong(la), *b = PyLong_FromLong(lb);
+    if (ident != NULL && a != NULL && b != NULL && nv != -1) {
+        PyObject *head[3] = {ident, a, b};
+        if (nv >= 0) {
+            *key = plan_key(head, nargs, vals, nv);
         } else if (*argt != NULL || pack(args, nargs, kwnames, argt, kw) == 0) {
             PyObject *kargs[5] = {*argt, *kw, ident, a, b};
-            key = PyObject_Vectorcall(w->fastkey, kargs, 5, NULL);
-        }
-        if (key == NULL && (PyErr_ExceptionMatches(PyExc_AttributeError) ||
-                            PyErr_ExceptionMatches(PyExc_TypeError))) {
-            PyErr_Clear();
-            key = Py_None;
-            Py_INCREF(key);
+            *key = PyObject_Vectorcall(w->fastkey, kargs, 5, NULL);
         }
     }
     Py_XDECREF(ident);
     Py_XDECREF(a);
     Py_XDECREF(b);
-    return key;
+    if (*key != NULL) {
+        *hit = PyDict_GetItemWithError(w->fast, *key); /* borrowed */
+        Py_XINCREF(*hit);
+    }
+    if (*key == NULL || (*hit == NULL && PyErr_Occurred())) {
+        /* arguments the key cannot hold (an unhashable one: TypeError): no key */
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError) &&
+            !PyErr_ExceptionMatches(PyExc_TypeError)) {
+            Py_CLEAR(*key);
+            goto fail;
+        }
+        PyErr_Clear();
+        Py_XSETREF(*key, Py_None);
+        Py_INCREF(Py_None);
+    } else if (*hit != NULL && m != NULL && PyTuple_Check(*hit) && PyTuple_GET_SIZE(*hit) >= H_N &&
+               PyTuple_GET_ITEM(*hit, H_REC) == rec) {
+        memo_store(m, code, la, lb, nargs, vals, nv, *hit);
+    }
+out:
+    for (int i = 0; i < nv; i++)
+        Py_DECREF(vals[i]);
+    return 0;
+fail:
+    for (int i = 0; i < nv; i++)
+        Py_DECREF(vals[i]);
+    return -1;
 }
 
 /* Whether `hit` is a Hit this file can record from (types checked once, before any effect). */
@@ -337,7 +683,7 @@ static void join(char *dst, const Piece *ps, int k) {
 /* slot._mm[:n] = the in-flight record: a short-lived buffer export (never held across calls:
  * it would block the slot's close). Errors propagate, as the Python slice assignment's do. */
 static int store_slot(PyObject *slot, const Piece *ps, int k) {
-    PyObject *mm = PyObject_GetAttr(slot, s__mm);
+    PyObject *mm = GET(slot, _MM, s__mm);
     if (mm == NULL)
         return -1;
     Py_buffer view;
@@ -375,9 +721,9 @@ static int after(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight, P
     join(PyBytes_AS_STRING(data), ps, 6);
     memcpy(PyBytes_AS_STRING(data) + total(ps, 6), PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail));
     /* rec.writer.mm.write(data): the mapped trace file; else rec.emit_bytes(data) */
-    PyObject *r = NULL, *writer = PyObject_GetAttr(rec, s_writer);
+    PyObject *r = NULL, *writer = GET(rec, WRITER, s_writer);
     if (writer != NULL) {
-        PyObject *mm = PyObject_GetAttr(writer, s_mm);
+        PyObject *mm = GET(writer, MM, s_mm);
         Py_DECREF(writer);
         if (mm != NULL) {
             r = PyObject_VectorcallMethod(s_write, (PyObject *[]){mm, data},
@@ -395,14 +741,14 @@ static int after(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight, P
         return -1;
     Py_DECREF(r);
     /* rec.events += 1 */
-    PyObject *ev = PyObject_GetAttr(rec, s_events), *one = PyLong_FromLong(1), *ev2 = NULL;
+    PyObject *ev = GET(rec, EVENTS, s_events), *one = PyLong_FromLong(1), *ev2 = NULL;
     if (ev != NULL && one != NULL)
         ev2 = PyNumber_InPlaceAdd(ev, one);
     Py_XDECREF(ev);
     Py_XDECREF(one);
     if (ev2 == NULL)
         return -1;
-    int rc = PyObject_SetAttr(rec, s_events, ev2);
+    int rc = set_attr(rec, A_EVENTS, s_events, ev2);
     Py_DECREF(ev2);
     if (rc < 0)
         return -1;
@@ -411,7 +757,7 @@ static int after(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight, P
     PyObject *last = tuple_of(5, 1, (PyObject *[]){op, g, iseq, site, PyLong_FromLongLong(ts + dur)});
     if (last == NULL)
         return -1;
-    rc = PyObject_SetAttr(rec, s_last_event, last);
+    rc = set_attr(rec, A_LAST_EVENT, s_last_event, last);
     Py_DECREF(last);
     if (rc < 0)
         return -1;
@@ -477,7 +823,7 @@ static PyObject *record_hit(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *
     long long start, t0;
     if (rc < 0 || perf_ns(w, &start) < 0)
         return NULL;
-    PyObject *t0o = PyObject_GetAttr(rec, s_t0_ns);
+    PyObject *t0o = GET(rec, T0_NS, s_t0_ns);
     if (t0o == NULL)
         return NULL;
     t0 = PyLong_AsLongLong(t0o);
@@ -489,7 +835,7 @@ static PyObject *record_hit(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *
     char sbuf[24], tbuf[24];
     Piece pre[4] = {BYTES_PIECE(PyTuple_GET_ITEM(hit, H_HEAD)), {sbuf, digits(sbuf, seq)},
                     BYTES_PIECE(PyTuple_GET_ITEM(hit, H_MID)), {tbuf, digits(tbuf, ts)}};
-    PyObject *slot = PyObject_GetAttr(rec, s_slot);
+    PyObject *slot = GET(rec, SLOT, s_slot);
     if (slot == NULL)
         return NULL;
     if (slot != Py_None) { /* survives the process dying inside the call (trace/inflight) */
@@ -543,7 +889,7 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
                                     PyObject *kwnames) {
     Wrapper *w = (Wrapper *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *rec = PyObject_GetAttr(w->recmod, s_recorder);
+    PyObject *rec = GET(w->recmod, RECORDER, s_recorder);
     if (rec == NULL)
         return NULL;
     PyObject *tid = NULL, *inflight = NULL, *seqs = NULL, *argt = NULL, *kw = NULL, *key = NULL;
@@ -555,13 +901,12 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
         goto done;
     }
     tid = PyLong_FromUnsignedLong(PyThread_get_thread_ident()); /* threading.get_ident() */
-    inflight = PyObject_GetAttr(rec, s_inflight);
+    inflight = GET(rec, INFLIGHT, s_inflight);
     if (tid == NULL || inflight == NULL)
         goto done;
     /* the user's frame: the caller of fastpath's shim, the Python frame that called this */
-    PyFrameObject *shim = PyEval_GetFrame();
-    frame = shim == NULL ? NULL : (PyObject *)PyFrame_GetBack(shim);
-    if (!PyDict_CheckExact(inflight) || frame == NULL)
+    Where at;
+    if (!PyDict_CheckExact(inflight) || !where(&at))
         goto python;
     r = PyDict_Contains(inflight, tid);
     if (r != 0) { /* inside another recorded call (all_gather_object -> all_gather) */
@@ -570,35 +915,26 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
         goto done;
     }
     if (w->fastkey != Py_None) {
-        r = w->reducing ? truthy_attr(rec, s_ddp_refs) : 0; /* (ddp_overlap: general) */
+        r = w->reducing ? truthy(GET(rec, DDP_REFS, s_ddp_refs)) : 0; /* (ddp_overlap: general) */
         if (r < 0)
             goto done;
         if (!r) {
-            key = call_key(w, (PyFrameObject *)frame, args, nargs, kwnames, &argt, &kw);
-            if (key == NULL)
+            if (find_hit(w, rec, &at, args, nargs, kwnames, &argt, &kw, &key,
+                         &hit) < 0)
                 goto done;
-            if (key != Py_None) {
-                hit = PyDict_GetItemWithError(w->fast, key); /* borrowed */
-                if (hit == NULL && PyErr_Occurred()) {
-                    if (!PyErr_ExceptionMatches(PyExc_TypeError))
-                        goto done;
-                    PyErr_Clear(); /* an unhashable argument: no key */
-                    Py_SETREF(key, Py_None);
-                    Py_INCREF(key);
-                }
-                Py_XINCREF(hit);
-            }
         }
     }
     if (hit == NULL || !PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) < H_N ||
         PyTuple_GET_ITEM(hit, H_REC) != rec) {
         if (argt == NULL && pack(args, nargs, kwnames, &argt, &kw) < 0)
             goto done;
+        if ((frame = user_frame()) == NULL)
+            goto python;
         PyObject *gargs[7] = {rec, tid, frame, key == NULL ? Py_None : key, w->fast, argt, kw};
         result = PyObject_Vectorcall(w->general, gargs, 7, NULL);
         goto done;
     }
-    seqs = PyObject_GetAttr(rec, s_seq);
+    seqs = GET(rec, SEQ, s_seq);
     if (seqs == NULL)
         goto done;
     PyObject *cur = PyDict_CheckExact(seqs) ? PyDict_GetItemWithError(seqs, PyTuple_GET_ITEM(hit, H_G)) : NULL;
@@ -631,11 +967,19 @@ done:
 
 static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
     FIELDS(VISIT)
+    for (int i = 0; i < NMEMO; i++) {
+        Py_VISIT(w->memo[i].code);
+        Py_VISIT(w->memo[i].hit);
+        for (int j = 0; j < w->memo[i].nv; j++)
+            Py_VISIT(w->memo[i].vals[j]);
+    }
     return 0;
 }
 
 static int wrapper_clear(Wrapper *w) {
     FIELDS(CLEAR)
+    for (int i = 0; i < NMEMO; i++)
+        memo_clear(&w->memo[i]);
     return 0;
 }
 
@@ -688,6 +1032,7 @@ static PyObject *make(PyObject *module, PyObject *args) {
         return NULL;
     w->vectorcall = wrapper_vectorcall;
     FIELDS(NULLIFY)
+    memset(w->memo, 0, sizeof w->memo);
     PyObject *plan;
     if (!PyArg_ParseTuple(args, "OOOO!pOOOOOOO:make", &w->orig, &w->fastkey, &w->general,
                           &PyDict_Type, &w->fast, &w->reducing, &w->tc, &w->failed,
@@ -728,6 +1073,7 @@ PyMODINIT_FUNC PyInit__fastcall(void) {
     INTERN(s_shape, "shape");
     INTERN(s_dtype, "dtype");
     INTERN(s_device, "device");
+    INTERN(s_is_cpu, "is_cpu");
     INTERN(s_recorder, "_recorder");
     INTERN(s_enabled, "enabled");
     INTERN(s_local, "local");

@@ -183,8 +183,8 @@ def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, share
 
 def key_function(params: list[str], defaults: dict, tensors: tuple, values: tuple, absent: int):
     """A function ``(args, kwargs, code, lasti, caller_lasti) -> tuple``: the cache key of a
-    call (its site and what decides its record: each tensor's shape, dtype, device and the other
-    listed arguments), built in one go.
+    call (its site and what decides its record: each tensor's shape, dtype, device (True for
+    the CPU) and the other listed arguments), built in one go.
 
     Generated for the signature (like ``dist._key_function``), with one branch per number of
     positional arguments for calls without keyword arguments, the common form
@@ -198,7 +198,9 @@ def key_function(params: list[str], defaults: dict, tensors: tuple, values: tupl
 
     def term(p: str, v: str) -> str:
         if p in tensors:
-            return f"{v}.shape, {v}.dtype, {v}.device"
+            # `is_cpu or device`: a CPU tensor's device is a new object at every read, ~550
+            # instructions with its hash and compare; is_cpu is a shared bool (callgrind)
+            return f"{v}.shape, {v}.dtype, {v}.is_cpu or {v}.device"
         if p == "op":  # a pybind enum hashes through a Python-level call: identity instead
             return f"_identity({v})"
         return v

@@ -1,0 +1,119 @@
+"""The session-5 mechanisms of the C repeat-call path (ddpdoctor/rank/_fastcall.c): the memo of
+the last Hits found per call site (a call whose arguments differ in anything the record depends
+on still reaches the general path), the attribute reads and writes through a plain object's
+instance dict (a state change, or a descriptor added to the class later, is still seen), and
+the `is_cpu or device` term of the argument key."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("ddpdoctor.rank._fastcall", reason="C extension not built (no compiler)")
+
+from test_fastpath_native import _build, _Rec  # noqa: E402
+
+from ddpdoctor.rank.patches import fastpath  # noqa: E402
+
+
+def _calls(orig_log: list):
+    def orig(tensor, op="SUM", group=None, async_op=False):
+        orig_log.append(tuple(tensor.shape))
+    return orig
+
+
+def _shape_of_key(key) -> tuple:
+    return tuple(key[4])  # (code, lasti, caller's lasti, n, shape, dtype, is_cpu or device...)
+
+
+@pytest.mark.parametrize("use_native", [False, True])
+def test_shape_change_at_the_same_site_reaches_the_general_path(use_native, monkeypatch):
+    log: list = []
+    w, rec, _, _ = _build(use_native, monkeypatch, _calls(log))
+    shapes = [(1,)] * 5 + [(2,)] * 3 + [(1,)] * 2 + [(300,)] * 3 + [(300, 2)] + [(300,)]
+    for s in shapes:
+        w(torch.ones(s))  # one call site for all of them
+    assert log == shapes  # every call issued, once, with its own tensor
+    # one general call per new shape; the repeats (memo or dict) record from their Hit
+    assert [_shape_of_key(k[0]) for k in rec.keys] == [(1,), (2,), (300,), (300, 2)]
+    assert all(a == b for a, b in rec.keys)
+    assert rec.events == len(shapes) - 4 and rec.seq == {"0": len(shapes) - 4}
+
+
+@pytest.mark.parametrize("use_native", [False, True])
+def test_dtype_and_group_changes_reach_the_general_path(use_native, monkeypatch):
+    log: list = []
+    w, rec, _, _ = _build(use_native, monkeypatch, _calls(log))
+    g1, g2 = object(), object()
+    for t, g in [(torch.ones(1), g1), (torch.ones(1), g1), (torch.ones(1, dtype=torch.float64), g1),
+                 (torch.ones(1, dtype=torch.float64), g1), (torch.ones(1), g2), (torch.ones(1), g2),
+                 (torch.ones(1), g1)]:
+        w(t, "SUM", g)
+    assert rec.general_calls == 3 and len(log) == 7
+    assert [(k[0][5], k[0][7]) for k in rec.keys] == [(torch.float32, g1), (torch.float64, g1),
+                                                      (torch.float32, g2)]
+
+
+def test_memo_does_not_outlive_its_recorder(monkeypatch):
+    w, rec, _, _ = _build(True, monkeypatch, _calls([]))
+    for _ in range(3):
+        w(torch.ones(1))
+    assert rec.general_calls == 1 and rec.events == 2
+    rec2 = _Rec()  # a new recorder: its site ids are its own, so a Hit of the old one is no use
+    rec2.keys = []
+    fastpath.recorder_mod._recorder = rec2
+    w(torch.ones(1))
+    assert rec2.general_calls == 1 and rec.general_calls == 1 and rec.events == 2
+
+
+def test_recorder_state_changes_are_seen_by_the_c_path(monkeypatch):
+    log: list = []
+    w, rec, _, _ = _build(True, monkeypatch, _calls(log))
+    seen: list = []
+    counted: list = []
+    mapped = rec.writer.mm
+
+    def disable():
+        rec.enabled = False
+
+    def enable_without_slot():
+        rec.enabled = True
+        rec.slot = None
+
+    def other_writer():
+        rec.writer = types.SimpleNamespace(mm=types.SimpleNamespace(write=seen.append))
+
+    def property_on_class():
+        # a descriptor added to the class afterwards: the attribute is no longer the dict's entry
+        type(rec).events = property(lambda self: 100, lambda self, v: counted.append(v))
+
+    def remove_property():
+        del type(rec).events
+
+    steps = [None, None, None, disable, enable_without_slot, other_writer, property_on_class,
+             remove_property]
+    events = []
+    try:
+        for step in steps:  # one call site: every call after the first is a repeat call
+            if step is not None:
+                step()
+            w(torch.ones(1))
+            events.append(rec.events)
+    finally:
+        if "events" in type(rec).__dict__:
+            del type(rec).events
+    assert len(log) == len(steps) and rec.general_calls == 1
+    assert events == [0, 1, 2, 2, 3, 4, 100, 5]
+    assert counted == [101]  # rec.events += 1 went through the property
+    assert len(mapped.data) == 3 and len(seen) == 3 and seen[0].startswith(b'{"t":"c"')
+
+
+def test_cpu_tensor_key_term_is_is_cpu():
+    params, defaults = ["tensor", "op", "group", "async_op"], {"op": "SUM", "group": None, "async_op": False}
+    key = fastpath.key_function(params, defaults, ("tensor",), ("group", "op", "async_op"), 99)
+    k = key((torch.ones(2, 3),), {}, 1, 2, 3)
+    assert k[4:7] == (torch.Size([2, 3]), torch.float32, True)
+    meta = key((torch.ones(2, 3, device="meta"),), {}, 1, 2, 3)
+    assert meta[6] == torch.device("meta") and meta != k
