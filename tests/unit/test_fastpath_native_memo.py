@@ -117,3 +117,28 @@ def test_cpu_tensor_key_term_is_is_cpu():
     assert k[4:7] == (torch.Size([2, 3]), torch.float32, True)
     meta = key((torch.ones(2, 3, device="meta"),), {}, 1, 2, 3)
     assert meta[6] == torch.device("meta") and meta != k
+
+
+def test_depth_in_c_is_per_thread_and_seen_by_the_c_path(monkeypatch):
+    import threading
+
+    from ddpdoctor.rank import recorder
+
+    assert type(recorder._ThreadState.__dict__["depth"]).__name__ == "Depth"
+    log: list = []
+    w, rec, _, _ = _build(True, monkeypatch, _calls(log))
+    rec.local = recorder._ThreadState()
+    other: list = []
+    for depth in [0, 0, 1, 2, 0]:  # one call site: repeat calls after the first
+        rec.local.depth = depth
+        th = threading.Thread(target=lambda: other.append(rec.local.depth))
+        th.start()
+        th.join(timeout=30)
+        w(torch.ones(1))
+    assert len(log) == 5 and rec.general_calls == 1 and rec.events == 2  # nested: not recorded
+    assert other == [0] * 5  # another thread's depth is its own
+    rec.local.depth += 3
+    assert rec.local.depth == 3 and getattr(rec.local, "depth", 0) == 3
+    rec.local.depth = 0
+    with pytest.raises(TypeError):
+        rec.local.depth = "x"
