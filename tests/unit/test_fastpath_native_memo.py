@@ -6,6 +6,9 @@ the `is_cpu or device` term of the argument key."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import types
 
 import pytest
@@ -124,7 +127,8 @@ def test_depth_in_c_is_per_thread_and_seen_by_the_c_path(monkeypatch):
 
     from ddpdoctor.rank import recorder
 
-    assert type(recorder._ThreadState.__dict__["depth"]).__name__ == "Depth"
+    if type(recorder._ThreadState.__dict__["depth"]).__name__ != "Depth":
+        pytest.skip("DDPDOCTOR_NATIVE=0: depth stays in the threading.local")
     log: list = []
     w, rec, _, _ = _build(True, monkeypatch, _calls(log))
     rec.local = recorder._ThreadState()
@@ -142,3 +146,11 @@ def test_depth_in_c_is_per_thread_and_seen_by_the_c_path(monkeypatch):
     rec.local.depth = 0
     with pytest.raises(TypeError):
         rec.local.depth = "x"
+
+
+def test_depth_stays_python_with_native_off():
+    env = dict(os.environ, DDPDOCTOR_NATIVE="0")
+    code = "from ddpdoctor.rank import recorder; print(recorder._ThreadState.__dict__['depth'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.strip() == "0", out.stderr
