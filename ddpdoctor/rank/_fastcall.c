@@ -20,6 +20,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stddef.h>
 #include <string.h>
 #include <time.h>
@@ -359,6 +360,44 @@ static int set_attr(PyObject *o, int which, PyObject *name, PyObject *v) {
 #endif
     Py_DECREF(d);
     return r;
+}
+
+/* o.n1 = v1; o.n2 = v2 (in that order): one dict, one pass over the read cache (~100
+ * instructions less than two set_attr calls); 0, or -1 with an error set. */
+static int set_two(PyObject *o, int w1, PyObject *n1, PyObject *v1, int w2, PyObject *n2,
+                   PyObject *v2) {
+#if DICT_VERSIONS
+    PyObject *d = NULL, *d2 = NULL;
+    int r = plain_dict(o, n1, &set_sites[w1], 1, &d);
+    if (r > 0 && PyDict_CheckExact(d)) {
+        r = plain_dict(o, n2, &set_sites[w2], 1, &d2);
+        Py_XDECREF(d2);
+        if (r > 0 && d2 == d) {
+            unsigned long long before = DICT_VER(d);
+            r = PyDict_SetItem(d, n1, v1);
+            if (r == 0)
+                r = PyDict_SetItem(d, n2, v2);
+            for (int i = 0; r == 0 && i < A_N; i++) {
+                AttrSite *c = &get_sites[i];
+                if (c->dict != d || c->ver != before)
+                    continue;
+                c->ver = DICT_VER(d);
+                if (i == w1 || i == w2) {
+                    Py_INCREF(i == w1 ? v1 : v2);
+                    Py_SETREF(c->val, i == w1 ? v1 : v2);
+                }
+            }
+            Py_DECREF(d);
+            return r;
+        }
+    }
+    Py_XDECREF(d);
+    if (r < 0)
+        return -1;
+#endif
+    if (set_attr(o, w1, n1, v1) < 0)
+        return -1;
+    return set_attr(o, w2, n2, v2);
 }
 
 #define GET(o, NAME, s) get_attr(o, A_##NAME, s)
@@ -873,23 +912,31 @@ static int after(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight, P
         return -1;
     Py_DECREF(r);
     /* rec.events += 1 */
-    PyObject *ev = GET(rec, EVENTS, s_events), *one = PyLong_FromLong(1), *ev2 = NULL;
-    if (ev != NULL && one != NULL)
-        ev2 = PyNumber_InPlaceAdd(ev, one);
+    PyObject *ev = GET(rec, EVENTS, s_events), *ev2 = NULL;
+    long long evn;
+    if (ev != NULL && PyLong_CheckExact(ev) && (evn = PyLong_AsLongLong(ev)) < LLONG_MAX &&
+        !(evn == -1 && PyErr_Occurred())) {
+        ev2 = PyLong_FromLongLong(evn + 1); /* an int: what int.__iadd__ gives, without it */
+    } else if (ev != NULL) {
+        PyErr_Clear(); /* (an int beyond long long: the generic addition) */
+        PyObject *one = PyLong_FromLong(1);
+        if (one != NULL)
+            ev2 = PyNumber_InPlaceAdd(ev, one);
+        Py_XDECREF(one);
+    }
     Py_XDECREF(ev);
-    Py_XDECREF(one);
     if (ev2 == NULL)
-        return -1;
-    int rc = set_attr(rec, A_EVENTS, s_events, ev2);
-    Py_DECREF(ev2);
-    if (rc < 0)
         return -1;
     PyObject *op = PyTuple_GET_ITEM(hit, H_OP), *g = PyTuple_GET_ITEM(hit, H_G);
     PyObject *site = PyTuple_GET_ITEM(hit, H_SITE);
     PyObject *last = tuple_of(5, 1, (PyObject *[]){op, g, iseq, site, PyLong_FromLongLong(ts + dur)});
-    if (last == NULL)
+    if (last == NULL) {
+        Py_DECREF(ev2);
         return -1;
-    rc = set_attr(rec, A_LAST_EVENT, s_last_event, last);
+    }
+    /* rec.events += 1; rec.last_event = (...) */
+    int rc = set_two(rec, A_EVENTS, s_events, ev2, A_LAST_EVENT, s_last_event, last);
+    Py_DECREF(ev2);
     Py_DECREF(last);
     if (rc < 0)
         return -1;
@@ -950,8 +997,7 @@ static PyObject *record_hit(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *
     PyObject *seqo = PyLong_FromLongLong(seq);
     if (seqo == NULL)
         return NULL;
-    int rc = PyDict_SetItem(seqs, g, seqo);
-    Py_DECREF(seqo);
+    int rc = PyDict_SetItem(seqs, g, seqo); /* (seqo is kept: the entries' iseq, usually) */
     long long start, t0;
     if (rc < 0 || perf_ns(w, &start) < 0)
         return NULL;
@@ -991,7 +1037,10 @@ static PyObject *record_hit(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *
     int in_seq = PyObject_IsTrue(PyTuple_GET_ITEM(hit, H_INSEQ));
     if (in_seq < 0)
         return NULL;
-    PyObject *iseq = PyLong_FromLongLong(in_seq ? seq : 0);
+    PyObject *iseq = in_seq ? seqo : PyLong_FromLong(0);
+    if (in_seq)
+        Py_INCREF(iseq);
+    Py_DECREF(seqo);
     PyObject *entry = iseq == NULL ? NULL
                                    : tuple_of(5, 1, (PyObject *[]){PyTuple_GET_ITEM(hit, H_OP), g, iseq,
                                                                    PyTuple_GET_ITEM(hit, H_SITE),
