@@ -615,13 +615,10 @@ static int read_terms(Wrapper *w, PyObject *const *args, Py_ssize_t n, PyObject 
             vals[j++] = v;
             continue;
         }
-        if (w->kind[n][i] == 1) { /* a pybind enum hashes through Python: its identity */
-            if ((v = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash(arg))) == NULL)
-                goto fail;
-        } else {
-            v = arg;
-            Py_INCREF(v);
-        }
+        /* kind 1, a pybind enum (it hashes through Python): the object here, its identity in
+         * the key (plan_key); the memo compares it by identity (a heap type) */
+        v = arg;
+        Py_INCREF(v);
         vals[j++] = v;
     }
     return j;
@@ -633,7 +630,7 @@ fail:
 
 /* The key (code, lasti, caller's lasti, n, terms...), the tuple the Python key function
  * returns; NULL with an error set. */
-static PyObject *plan_key(PyObject *head[3], Py_ssize_t n, PyObject **vals, int nv) {
+static PyObject *plan_key(Wrapper *w, PyObject *head[3], Py_ssize_t n, PyObject **vals, int nv) {
     PyObject *key = PyTuple_New(4 + nv), *v;
     if (key == NULL)
         return NULL;
@@ -646,9 +643,21 @@ static PyObject *plan_key(PyObject *head[3], Py_ssize_t n, PyObject **vals, int 
         return NULL;
     }
     PyTuple_SET_ITEM(key, 3, v);
-    for (int i = 0; i < nv; i++) {
-        Py_INCREF(vals[i]);
-        PyTuple_SET_ITEM(key, 4 + i, vals[i]);
+    int j = 0; /* vals[j] is term i's first value */
+    for (int i = 0; i < w->plen[n]; i++) {
+        int k = w->kind[n][i] == 0 ? 3 : 1;
+        for (int e = 0; e < k; e++, j++) {
+            if (w->kind[n][i] == 1) { /* its identity, as the Python key's _identity(v) */
+                if ((v = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash(vals[j]))) == NULL) {
+                    Py_DECREF(key);
+                    return NULL;
+                }
+            } else {
+                v = vals[j];
+                Py_INCREF(v);
+            }
+            PyTuple_SET_ITEM(key, 4 + j, v);
+        }
     }
     return key;
 }
@@ -691,13 +700,22 @@ static Memo *memo_slot(Wrapper *w, PyObject *code, long a, long b) {
     return &w->memo[h % NMEMO];
 }
 
-static int memo_match(Memo *m, PyObject *code, long a, long b, Py_ssize_t n, PyObject **vals,
-                      int nv) {
+static int memo_match(Wrapper *w, Memo *m, PyObject *code, long a, long b, Py_ssize_t n,
+                      PyObject **vals, int nv) {
     if (m->code != code || m->a != a || m->b != b || m->n != n || m->nv != nv)
         return 0;
-    for (int i = 0; i < nv; i++)
-        if (!same(vals[i], m->vals[i]))
-            return 0;
+    int j = 0;
+    for (int i = 0; i < w->plen[n]; i++) {
+        if (w->kind[n][i] == 1) { /* keyed by its identity: the same object, nothing else */
+            if (vals[j] != m->vals[j])
+                return 0;
+            j++;
+            continue;
+        }
+        for (int e = w->kind[n][i] == 0 ? 3 : 1; e > 0; e--, j++)
+            if (vals[j] != m->vals[j] && !same(vals[j], m->vals[j]))
+                return 0;
+    }
     return 1;
 }
 
@@ -744,7 +762,7 @@ static int find_hit(Wrapper *w, PyObject *rec, const Where *at, PyObject *const 
         nv = read_terms(w, args, nargs, vals);
         if (nv >= 0) {
             m = memo_slot(w, code, la, lb);
-            if (memo_match(m, code, la, lb, nargs, vals, nv) &&
+            if (memo_match(w, m, code, la, lb, nargs, vals, nv) &&
                 PyTuple_GET_ITEM(m->hit, H_REC) == rec) {
                 *hit = m->hit;
                 Py_INCREF(*hit);
@@ -758,7 +776,7 @@ static int find_hit(Wrapper *w, PyObject *rec, const Where *at, PyObject *const 
     if (ident != NULL && a != NULL && b != NULL && nv != -1) {
         PyObject *head[3] = {ident, a, b};
         if (nv >= 0) {
-            *key = plan_key(head, nargs, vals, nv);
+            *key = plan_key(w, head, nargs, vals, nv);
         } else if (*argt != NULL || pack(args, nargs, kwnames, argt, kw) == 0) {
             PyObject *kargs[5] = {*argt, *kw, ident, a, b};
             *key = PyObject_Vectorcall(w->fastkey, kargs, 5, NULL);
@@ -984,13 +1002,12 @@ static PyObject *call_failed(Wrapper *w, PyObject *rec, PyObject *hit, PyObject 
     return NULL;
 }
 
+/* cur: seqs.get(g) (borrowed; the caller looked it up, an exact int or NULL) */
 static PyObject *record_hit(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight,
-                            PyObject *tid, PyObject *seqs, PyObject *const *args, size_t nargsf,
-                            PyObject *kwnames) {
+                            PyObject *tid, PyObject *seqs, PyObject *cur, PyObject *const *args,
+                            size_t nargsf, PyObject *kwnames) {
     PyObject *g = PyTuple_GET_ITEM(hit, H_G);
-    PyObject *cur = PyDict_GetItemWithError(seqs, g); /* seqs.get(g, 0) + 1 */
-    if (cur == NULL && PyErr_Occurred())
-        return NULL;
+    /* seqs.get(g, 0) + 1 */
     long long seq = cur == NULL ? 1 : PyLong_AsLongLong(cur) + 1;
     if (seq == 0 && PyErr_Occurred())
         return NULL;
@@ -1150,7 +1167,7 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
     PyObject *cur = PyDict_CheckExact(seqs) ? PyDict_GetItemWithError(seqs, PyTuple_GET_ITEM(hit, H_G)) : NULL;
     if (!PyDict_CheckExact(seqs) || !usable(hit) || (cur != NULL && !PyLong_CheckExact(cur)))
         goto python;
-    result = record_hit(w, rec, hit, inflight, tid, seqs, args, nargsf, kwnames);
+    result = record_hit(w, rec, hit, inflight, tid, seqs, cur, args, nargsf, kwnames);
     goto done;
 python: /* an object of another type than this file relies on: nothing done yet */
     if (!PyErr_Occurred())

@@ -154,3 +154,14 @@ def test_depth_stays_python_with_native_off():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.stdout.strip() == "0", out.stderr
+
+
+@pytest.mark.parametrize("use_native", [False, True])
+def test_op_is_keyed_by_identity_in_the_memo_too(use_native, monkeypatch):
+    log: list = []
+    w, rec, _, _ = _build(use_native, monkeypatch, _calls(log))
+    a, b = int("123456789"), int("123456789")  # equal, not the same object: two keys
+    assert a == b and a is not b
+    for op in [a, a, b, b, a]:
+        w(torch.ones(1), op)
+    assert len(log) == 5 and rec.general_calls == 2 and rec.events == 3
