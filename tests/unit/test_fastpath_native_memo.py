@@ -165,3 +165,15 @@ def test_op_is_keyed_by_identity_in_the_memo_too(use_native, monkeypatch):
     for op in [a, a, b, b, a]:
         w(torch.ones(1), op)
     assert len(log) == 5 and rec.general_calls == 2 and rec.events == 3
+
+
+def test_plan_covers_every_positional_count_of_the_signature():
+    # barrier(group, async_op, device_ids, timeout): the shim passes all four; device_ids and
+    # timeout do not change the record, so the key leaves them out at every count
+    params = ["group", "async_op", "device_ids", "timeout"]
+    defaults = {"group": None, "async_op": False, "device_ids": None, "timeout": None}
+    key = fastpath.key_function(params, defaults, (), ("group", "async_op"), 99)
+    assert len(key.plan) == 5 and key.plan[4] == ((0, 2), (1, 2))
+    g = object()
+    assert key((g, False, None, None), {}, 1, 2, 3) == (1, 2, 3, 4, g, False)
+    assert key((g, False, [0], 5), {}, 1, 2, 3) == (1, 2, 3, 4, g, False)

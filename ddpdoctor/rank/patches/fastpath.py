@@ -247,7 +247,11 @@ def key_function(params: list[str], defaults: dict, tensors: tuple, values: tupl
 
     body = ["def key(args, kwargs, c, a, b):", "    n = len(args)", "    if not kwargs:"]
     plan = []  # the same branches for the C path (_fastcall.c): (position, 0 tensor/1 identity/2 value)
-    for n in range(max([pos[p] for p in keyed if pos[p] < absent], default=-1) + 2):
+    # a branch for every count of positional arguments up to all of the signature's (8 at most:
+    # _fastcall.c's MAXPLAN): the C path's shim passes every parameter (barrier's unkeyed
+    # device_ids included), and a count without a branch takes the generic key (~1.5k more)
+    top = max([pos[p] for p in keyed if pos[p] < absent], default=-1) + 2
+    for n in range(max(top, min(len(params) + 1, 8))):
         terms = [term(p, f"args[{pos[p]}]") for p in keyed if pos[p] < n]
         plan.append(tuple((pos[p], 0 if p in tensors else 1 if p == "op" else 2) for p in keyed if pos[p] < n))
         cond = "if" if n == 0 else "elif"
