@@ -1131,9 +1131,7 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
     inflight = GET(rec, INFLIGHT, s_inflight);
     if (tid == NULL || inflight == NULL)
         goto done;
-    /* the user's frame: the caller of fastpath's shim, the Python frame that called this */
-    Where at;
-    if (!PyDict_CheckExact(inflight) || !where(&at))
+    if (!PyDict_CheckExact(inflight))
         goto python;
     r = PyDict_Contains(inflight, tid);
     if (r != 0) { /* inside another recorded call (all_gather_object -> all_gather) */
@@ -1141,6 +1139,11 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
             result = PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
         goto done;
     }
+    /* the user's frame: the caller of fastpath's shim, the Python frame that called this
+     * (read after the nesting check, as the Python wrapper does) */
+    Where at;
+    if (!where(&at))
+        goto python;
     if (w->fastkey != Py_None) {
         r = w->reducing ? truthy(GET(rec, DDP_REFS, s_ddp_refs)) : 0; /* (ddp_overlap: general) */
         if (r < 0)
