@@ -20,11 +20,21 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stddef.h>
 #include <string.h>
 #include <time.h>
 #if PY_VERSION_HEX < 0x030B0000
 #include <frameobject.h> /* f_lasti before PyFrame_GetLasti (3.11) */
+#endif
+/* 3.11: the interpreter's frames read in place (see where()); other versions: frame objects */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+#define FAST_FRAMES 1
+#define Py_BUILD_CORE
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#else
+#define FAST_FRAMES 0
 #endif
 
 /* Hit's fields (fastpath.Hit, a NamedTuple: read by index). */
@@ -33,7 +43,7 @@ enum { H_REC, H_G, H_OP, H_INSEQ, H_SITE, H_HEAD, H_MID, H_TAIL, H_SLOT_TAIL, H_
 
 #define MAXPLAN 8 /* branches of a key plan, and terms of one (torch's signatures: <= 6) */
 
-static PyObject *s_shape, *s_dtype, *s_device, *s_recorder, *s_enabled, *s_local, *s_depth,
+static PyObject *s_shape, *s_dtype, *s_device, *s_is_cpu, *s_recorder, *s_enabled, *s_local, *s_depth,
     *s_flag, *s_inflight, *s_ddp_refs, *s_seq, *s_t0_ns, *s_slot, *s__mm, *s_writer, *s_mm, *s_write, *s_emit_bytes, *s_events,
     *s_last_event, *s_internal_error;
 
@@ -41,6 +51,16 @@ static PyObject *s_shape, *s_dtype, *s_device, *s_recorder, *s_enabled, *s_local
 #define FIELDS(X)                                                                          \
     X(orig) X(fastkey) X(general) X(fast) X(tc) X(failed) X(track_async) X(recmod) X(python) \
     X(perf_ns)
+
+#define NMEMO 8 /* memo entries (see find_hit): a loop calls a collective from a few sites */
+
+typedef struct {
+    PyObject *code, *hit; /* strong references; code NULL: an empty entry */
+    long a, b;            /* the call's and its caller's instruction offsets */
+    Py_ssize_t n;         /* positional arguments */
+    int nv;
+    PyObject *vals[MAXPLAN * 3]; /* the key's terms (read_terms) */
+} Memo;
 
 typedef struct {
     PyObject_HEAD
@@ -53,6 +73,7 @@ typedef struct {
      * and device; 1: its identity; 2: itself). nplan 0: no plan, the Python key function. */
     int nplan;
     signed char plen[MAXPLAN], pos[MAXPLAN][MAXPLAN], kind[MAXPLAN][MAXPLAN];
+    Memo memo[NMEMO];
 } Wrapper;
 
 /* ---- small helpers ---------------------------------------------------------------------- */
@@ -140,6 +161,7 @@ static int truthy_attr(PyObject *o, PyObject *name) {
     return r;
 }
 
+#if !FAST_FRAMES
 /* frame.f_lasti as Python reads it (the key's instruction offsets). */
 static long frame_lasti(PyFrameObject *f) {
 #if PY_VERSION_HEX >= 0x030B0000
@@ -149,6 +171,374 @@ static long frame_lasti(PyFrameObject *f) {
 #else
     return (long)f->f_lasti;
 #endif
+}
+#endif
+
+/* Where the user's call is: the code of the frame that called fastpath's shim (borrowed: that
+ * frame holds it), its instruction offset and its caller's (-1 for none), as
+ * frame.f_code/f_lasti/f_back read them. */
+typedef struct {
+    PyObject *code;
+    long a, b;
+} Where;
+
+#if FAST_FRAMES
+/* Session 5: PyEval_GetFrame/PyFrame_GetBack make a frame object for the shim's frame and
+ * the user's, new at every call, and free them when those frames return: ~800 instructions
+ * (callgrind). The interpreter's frames are read in place instead, skipping the incomplete
+ * ones exactly as PyFrame_GetBack does; a frame object is made only where the general path
+ * needs one (user_frame()). */
+static _PyInterpreterFrame *complete(_PyInterpreterFrame *f) {
+    while (f != NULL && _PyFrame_IsIncomplete(f))
+        f = f->previous;
+    return f;
+}
+
+static long iframe_lasti(_PyInterpreterFrame *f) {
+    int lasti = _PyInterpreterFrame_LASTI(f);
+    return lasti < 0 ? -1 : (long)lasti * (long)sizeof(_Py_CODEUNIT); /* PyFrame_GetLasti */
+}
+
+static int where(Where *o) {
+    _PyInterpreterFrame *shim = complete(PyThreadState_Get()->cframe->current_frame);
+    _PyInterpreterFrame *f = shim == NULL ? NULL : complete(shim->previous);
+    if (f == NULL)
+        return 0;
+    _PyInterpreterFrame *back = complete(f->previous);
+    o->code = (PyObject *)f->f_code;
+    o->a = iframe_lasti(f);
+    o->b = back == NULL ? -1 : iframe_lasti(back);
+    return 1;
+}
+#endif
+
+/* The user's frame object (a new reference), or NULL (no error set) where there is none. */
+static PyObject *user_frame(void) {
+    PyFrameObject *shim = PyEval_GetFrame();
+    return shim == NULL ? NULL : (PyObject *)PyFrame_GetBack(shim);
+}
+
+#if !FAST_FRAMES
+static int where(Where *o) {
+    PyFrameObject *frame = (PyFrameObject *)user_frame();
+    if (frame == NULL)
+        return 0;
+    PyCodeObject *code = PyFrame_GetCode(frame);
+    Py_DECREF(code); /* still alive: the frame holds it */
+    PyFrameObject *back = PyFrame_GetBack(frame);
+    o->code = (PyObject *)code;
+    o->a = frame_lasti(frame);
+    o->b = back == NULL ? -1 : frame_lasti(back);
+    Py_XDECREF(back);
+    Py_DECREF(frame);
+    return 1;
+}
+#endif
+
+/* ---- attribute reads and writes ---------------------------------------------------------- */
+
+/* Session 5 (callgrind, one-element all_reduce): the ~17 attribute reads of a repeat call cost
+ * ~5.4k instructions, ~300 each for a plain instance attribute (PyObject_GetAttr: the type's
+ * method cache, then the instance's values), ~240 for a module's. The objects read here are
+ * plain: the recorder, its in-flight slot and trace writer, the recorder and torch.compiler
+ * modules. For such an object the attribute IS the entry of its instance dict, so it is read
+ * (and written) there: one dict lookup. "Plain" is checked per (type, name) and remembered
+ * with the type's version tag, which CPython changes whenever the type or a base changes (a
+ * descriptor added later is seen). Anything else, or a name not in the dict, goes through
+ * PyObject_GetAttr/SetAttr: the same result and the same errors in every case. */
+typedef struct {
+    PyTypeObject *tp; /* not a reference: a new type at the same address has a new tag */
+    unsigned int tag;
+    /* The value last read, valid while its dict is unchanged (PEP 509's version tag, which
+     * every change of a dict moves, STORE_ATTR's included): a dict lookup was still ~110
+     * instructions (the recorder's dict is a split table), this ~10. set_attr keeps it valid
+     * across this file's own writes of other names. 3.11 only (the tag is deprecated later). */
+    PyObject *dict, *val; /* strong references: an address compared here is never reused */
+    unsigned long long ver;
+} AttrSite;
+
+#if PY_VERSION_HEX >= 0x030600A7 && PY_VERSION_HEX < 0x030C0000
+#define DICT_VERSIONS 1
+#define DICT_VER(d) (((PyDictObject *)(d))->ma_version_tag)
+#else
+#define DICT_VERSIONS 0
+#endif
+
+enum { A_RECORDER, A_ENABLED, A_LOCAL, A_FLAG, A_INFLIGHT, A_DDP_REFS, A_SEQ, A_T0_NS, A_SLOT,
+       A__MM, A_WRITER, A_MM, A_EVENTS, A_LAST_EVENT, A_N };
+static AttrSite get_sites[A_N], set_sites[A_N];
+
+/* 1 and the instance dict of o (a new reference) where o.name is that dict's entry; 0 where
+ * it may not be (the generic path then); -1 on error. */
+static int plain_dict(PyObject *o, PyObject *name, AttrSite *c, int set, PyObject **dict) {
+    PyTypeObject *tp = Py_TYPE(o);
+    if (tp != c->tp || tp->tp_version_tag != c->tag || c->tag == 0) {
+        if (set ? tp->tp_setattro != PyObject_GenericSetAttr
+                : tp->tp_getattro != PyObject_GenericGetAttr)
+            return 0;
+#ifdef Py_TPFLAGS_MANAGED_DICT
+        if (!(tp->tp_flags & Py_TPFLAGS_MANAGED_DICT) && tp->tp_dictoffset == 0)
+#else
+        if (tp->tp_dictoffset == 0)
+#endif
+            return 0;
+        /* no class attribute of that name anywhere in the MRO: no descriptor, no default
+         * (this lookup also gives the type a version tag where it can have one) */
+        if (_PyType_Lookup(tp, name) != NULL || tp->tp_version_tag == 0)
+            return 0;
+        c->tp = tp;
+        c->tag = tp->tp_version_tag;
+    }
+    *dict = PyObject_GenericGetDict(o, NULL);
+    return *dict == NULL ? -1 : 1;
+}
+
+/* o.name as a new reference (NULL with an error set): see above. */
+static PyObject *get_attr(PyObject *o, int which, PyObject *name) {
+    PyObject *d = NULL, *v;
+    int r;
+    if (PyModule_CheckExact(o)) { /* module_getattro finds a module's globals in its dict */
+        d = PyModule_GetDict(o);
+        Py_INCREF(d);
+        r = 1;
+    } else {
+        r = plain_dict(o, name, &get_sites[which], 0, &d);
+    }
+    if (r < 0)
+        return NULL;
+    if (r > 0) {
+#if DICT_VERSIONS
+        AttrSite *c = &get_sites[which];
+        if (d == c->dict && DICT_VER(d) == c->ver) {
+            Py_DECREF(d);
+            Py_INCREF(c->val);
+            return c->val;
+        }
+#endif
+        v = PyDict_GetItemWithError(d, name);
+        Py_XINCREF(v);
+#if DICT_VERSIONS
+        if (v != NULL && PyDict_CheckExact(d)) {
+            Py_INCREF(d);
+            Py_INCREF(v);
+            Py_XSETREF(c->dict, d);
+            Py_XSETREF(c->val, v);
+            c->ver = DICT_VER(d);
+        }
+#endif
+        Py_DECREF(d);
+        if (v != NULL || PyErr_Occurred())
+            return v;
+    }
+    return PyObject_GetAttr(o, name); /* (an absent name: its AttributeError, or __getattr__) */
+}
+
+/* o.name = v; 0, or -1 with an error set. */
+static int set_attr(PyObject *o, int which, PyObject *name, PyObject *v) {
+    PyObject *d = NULL;
+    int r = plain_dict(o, name, &set_sites[which], 1, &d);
+    if (r < 0)
+        return -1;
+    if (r == 0)
+        return PyObject_SetAttr(o, name, v);
+#if DICT_VERSIONS
+    unsigned long long before = PyDict_CheckExact(d) ? DICT_VER(d) : 0;
+#endif
+    r = PyDict_SetItem(d, name, v);
+#if DICT_VERSIONS
+    /* only `name` changed: what was read of the others stays valid; `name` is now v */
+    for (int i = 0; before != 0 && r == 0 && i < A_N; i++) {
+        AttrSite *c = &get_sites[i];
+        if (c->dict != d || c->ver != before)
+            continue;
+        c->ver = DICT_VER(d);
+        if (i == which) {
+            Py_INCREF(v);
+            Py_SETREF(c->val, v);
+        }
+    }
+#endif
+    Py_DECREF(d);
+    return r;
+}
+
+/* o.n1 = v1; o.n2 = v2 (in that order): one dict, one pass over the read cache (~100
+ * instructions less than two set_attr calls); 0, or -1 with an error set. */
+static int set_two(PyObject *o, int w1, PyObject *n1, PyObject *v1, int w2, PyObject *n2,
+                   PyObject *v2) {
+#if DICT_VERSIONS
+    PyObject *d = NULL, *d2 = NULL;
+    int r = plain_dict(o, n1, &set_sites[w1], 1, &d);
+    if (r > 0 && PyDict_CheckExact(d)) {
+        r = plain_dict(o, n2, &set_sites[w2], 1, &d2);
+        Py_XDECREF(d2);
+        if (r > 0 && d2 == d) {
+            unsigned long long before = DICT_VER(d);
+            r = PyDict_SetItem(d, n1, v1);
+            if (r == 0)
+                r = PyDict_SetItem(d, n2, v2);
+            for (int i = 0; r == 0 && i < A_N; i++) {
+                AttrSite *c = &get_sites[i];
+                if (c->dict != d || c->ver != before)
+                    continue;
+                c->ver = DICT_VER(d);
+                if (i == w1 || i == w2) {
+                    Py_INCREF(i == w1 ? v1 : v2);
+                    Py_SETREF(c->val, i == w1 ? v1 : v2);
+                }
+            }
+            Py_DECREF(d);
+            return r;
+        }
+    }
+    Py_XDECREF(d);
+    if (r < 0)
+        return -1;
+#endif
+    if (set_attr(o, w1, n1, v1) < 0)
+        return -1;
+    return set_attr(o, w2, n2, v2);
+}
+
+#define GET(o, NAME, s) get_attr(o, A_##NAME, s)
+
+static int truthy(PyObject *v) { /* consumes v (may be NULL: the error propagates) */
+    if (v == NULL)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* A tensor's shape, dtype or is_cpu: the getset descriptor of its type called directly
+ * (~70 instructions less a read than PyObject_GetAttr's lookup, callgrind). Only where
+ * PyObject_GetAttr would call that very getter: the type's getattro is the generic one and the
+ * name resolves to a C getset (a data descriptor: it comes before the instance dict), checked
+ * per type version like plain_dict's. */
+typedef struct {
+    PyTypeObject *tp;
+    unsigned int tag;
+    getter get;
+    void *closure;
+} GetSetSite;
+enum { G_SHAPE, G_DTYPE, G_IS_CPU, G_N };
+static GetSetSite getset_sites[G_N];
+
+static PyObject *getset_attr(PyObject *o, int which, PyObject *name) {
+    PyTypeObject *tp = Py_TYPE(o);
+    GetSetSite *c = &getset_sites[which];
+    if (tp != c->tp || tp->tp_version_tag != c->tag || c->tag == 0) {
+        c->tp = NULL;
+        if (tp->tp_getattro != PyObject_GenericGetAttr)
+            return PyObject_GetAttr(o, name);
+        PyObject *d = _PyType_Lookup(tp, name);
+        if (d == NULL || Py_TYPE(d) != &PyGetSetDescr_Type ||
+            ((PyGetSetDescrObject *)d)->d_getset->get == NULL || tp->tp_version_tag == 0)
+            return PyObject_GetAttr(o, name);
+        c->get = ((PyGetSetDescrObject *)d)->d_getset->get;
+        c->closure = ((PyGetSetDescrObject *)d)->d_getset->closure;
+        c->tag = tp->tp_version_tag;
+        c->tp = tp;
+    }
+    return c->get(o, c->closure);
+}
+
+/* ---- the nesting depth ------------------------------------------------------------------ */
+
+/* Session 5: `rec.local.depth` (recorder._ThreadState, a threading.local) cost ~560
+ * instructions a call: threading.local finds the thread's dict, then the attribute in it.
+ * `depth` is instead this data descriptor on _ThreadState (recorder.py installs it), which
+ * keeps each thread's value in a C thread-local: Python code reads and writes
+ * `rec.local.depth` as before (a data descriptor comes before the thread's dict, so the class
+ * default and the per-thread dict are no longer used for it), and this file reads it in ~10
+ * instructions. Per thread, a few (owner, depth) pairs: the owner (the _ThreadState) is held
+ * while its depth is not 0, so an address compared here is never another object's; a depth
+ * of 0 needs no entry. */
+#define NDEPTH 8
+typedef struct {
+    PyObject *owner;
+    long depth;
+} DepthSlot;
+static _Thread_local DepthSlot depth_tls[NDEPTH];
+
+static long depth_of(PyObject *owner) {
+    for (int i = 0; i < NDEPTH; i++)
+        if (depth_tls[i].owner == owner)
+            return depth_tls[i].depth;
+    return 0;
+}
+
+typedef struct {
+    PyObject_HEAD
+} DepthDescr;
+
+static PyObject *depth_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) { /* on the class: the descriptor itself */
+        Py_INCREF(self);
+        return self;
+    }
+    return PyLong_FromLong(depth_of(obj));
+}
+
+static int depth_set(PyObject *self, PyObject *obj, PyObject *value) {
+    long v = 0;
+    if (value != NULL) { /* (del: back to 0) */
+        v = PyLong_AsLong(value);
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+    }
+    DepthSlot *free_slot = NULL;
+    for (int i = 0; i < NDEPTH; i++) {
+        DepthSlot *d = &depth_tls[i];
+        if (d->owner == obj) {
+            if (v != 0) {
+                d->depth = v;
+            } else {
+                d->owner = NULL;
+                d->depth = 0;
+                Py_DECREF(obj);
+            }
+            return 0;
+        }
+        if (d->owner == NULL && free_slot == NULL)
+            free_slot = d;
+    }
+    if (v == 0)
+        return 0;
+    if (free_slot == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ddpdoctor: too many nesting depths on one thread");
+        return -1;
+    }
+    Py_INCREF(obj);
+    free_slot->owner = obj;
+    free_slot->depth = v;
+    return 0;
+}
+
+static PyTypeObject DepthType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ddpdoctor.rank._fastcall.Depth",
+    .tp_doc = "recorder._ThreadState.depth: the nesting depth of this thread, in C.",
+    .tp_basicsize = sizeof(DepthDescr),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_descr_get = depth_get,
+    .tp_descr_set = depth_set,
+    .tp_new = PyType_GenericNew,
+};
+
+/* Whether local.depth is this file's descriptor (per type version, as in plain_dict). */
+static int c_depth(PyObject *local) {
+    static PyTypeObject *tp;
+    static unsigned int tag;
+    PyTypeObject *t = Py_TYPE(local);
+    if (t == tp && t->tp_version_tag == tag && tag != 0)
+        return 1;
+    PyObject *d = _PyType_Lookup(t, s_depth);
+    if (d == NULL || Py_TYPE(d) != &DepthType || t->tp_version_tag == 0)
+        return 0;
+    tp = t;
+    tag = t->tp_version_tag;
+    return 1;
 }
 
 /* ---- the call --------------------------------------------------------------------------- */
@@ -161,17 +551,18 @@ static long frame_lasti(PyFrameObject *f) {
 static int tracing(Wrapper *w, PyObject *rec) {
     if (rec == Py_None)
         return 0;
-    int r = truthy_attr(rec, s_enabled);
+    int r = truthy(GET(rec, ENABLED, s_enabled));
     if (r <= 0)
         return r;
-    PyObject *local = PyObject_GetAttr(rec, s_local);
+    PyObject *local = GET(rec, LOCAL, s_local);
     if (local == NULL)
         return -1;
-    r = truthy_attr(local, s_depth);
+    /* (a threading.local's getattro finds a data descriptor before the thread's dict) */
+    r = c_depth(local) ? depth_of(local) != 0 : truthy_attr(local, s_depth);
     Py_DECREF(local);
     if (r != 0)
         return r < 0 ? -1 : 0;
-    r = truthy_attr(w->tc, s_flag);
+    r = truthy(GET(w->tc, FLAG, s_flag));
     return r < 0 ? -1 : !r;
 }
 
@@ -197,85 +588,229 @@ fail:
     return -1;
 }
 
-/* The key of a call with n positional arguments and no keyword arguments from its plan:
- * (code, lasti, caller's lasti, n, terms...), the tuple the Python key function returns.
- * Steals nothing; NULL with an error set (AttributeError for an argument that is no tensor). */
-static PyObject *plan_key(Wrapper *w, PyObject *const *args, Py_ssize_t n, PyObject *head[3]) {
-    Py_ssize_t size = 4;
-    for (int i = 0; i < w->plen[n]; i++)
-        size += w->kind[n][i] == 0 ? 3 : 1;
-    PyObject *key = PyTuple_New(size), *v;
+/* The terms of the key of a call with n positional arguments and no keyword arguments, from
+ * its plan, into vals (new references): a tensor gives its shape, its dtype and `is_cpu or
+ * device` (see fastpath.key_function), an enum its identity, anything else itself. Their
+ * number, or -1 with an error set (AttributeError for an argument that is no tensor). */
+static int read_terms(Wrapper *w, PyObject *const *args, Py_ssize_t n, PyObject **vals) {
+    int j = 0;
+    PyObject *v;
+    for (int i = 0; i < w->plen[n]; i++) {
+        PyObject *arg = args[(int)w->pos[n][i]];
+        if (w->kind[n][i] == 0) { /* a tensor: what its description depends on */
+            if ((vals[j] = getset_attr(arg, G_SHAPE, s_shape)) == NULL)
+                goto fail;
+            j++;
+            if ((vals[j] = getset_attr(arg, G_DTYPE, s_dtype)) == NULL)
+                goto fail;
+            j++;
+            if ((v = getset_attr(arg, G_IS_CPU, s_is_cpu)) == NULL)
+                goto fail;
+            int r = PyObject_IsTrue(v);
+            if (r <= 0) { /* `or`: the device, only where the tensor is not on the CPU */
+                Py_DECREF(v);
+                if (r < 0 || (v = PyObject_GetAttr(arg, s_device)) == NULL)
+                    goto fail;
+            }
+            vals[j++] = v;
+            continue;
+        }
+        /* kind 1, a pybind enum (it hashes through Python): the object here, its identity in
+         * the key (plan_key); the memo compares it by identity (a heap type) */
+        v = arg;
+        Py_INCREF(v);
+        vals[j++] = v;
+    }
+    return j;
+fail:
+    while (j > 0)
+        Py_DECREF(vals[--j]);
+    return -1;
+}
+
+/* The key (code, lasti, caller's lasti, n, terms...), the tuple the Python key function
+ * returns; NULL with an error set. */
+static PyObject *plan_key(Wrapper *w, PyObject *head[3], Py_ssize_t n, PyObject **vals, int nv) {
+    PyObject *key = PyTuple_New(4 + nv), *v;
     if (key == NULL)
         return NULL;
     for (int i = 0; i < 3; i++) {
         Py_INCREF(head[i]);
         PyTuple_SET_ITEM(key, i, head[i]);
     }
-    if ((v = PyLong_FromSsize_t(n)) == NULL)
-        goto fail;
+    if ((v = PyLong_FromSsize_t(n)) == NULL) {
+        Py_DECREF(key);
+        return NULL;
+    }
     PyTuple_SET_ITEM(key, 3, v);
-    Py_ssize_t j = 4;
+    int j = 0; /* vals[j] is term i's first value */
     for (int i = 0; i < w->plen[n]; i++) {
-        PyObject *arg = args[(int)w->pos[n][i]];
-        if (w->kind[n][i] == 0) { /* a tensor: what its description depends on */
-            PyObject *names[3] = {s_shape, s_dtype, s_device};
-            for (int k = 0; k < 3; k++) {
-                if ((v = PyObject_GetAttr(arg, names[k])) == NULL)
-                    goto fail;
-                PyTuple_SET_ITEM(key, j++, v);
+        int k = w->kind[n][i] == 0 ? 3 : 1;
+        for (int e = 0; e < k; e++, j++) {
+            if (w->kind[n][i] == 1) { /* its identity, as the Python key's _identity(v) */
+                if ((v = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash(vals[j]))) == NULL) {
+                    Py_DECREF(key);
+                    return NULL;
+                }
+            } else {
+                v = vals[j];
+                Py_INCREF(v);
             }
-            continue;
+            PyTuple_SET_ITEM(key, 4 + j, v);
         }
-        if (w->kind[n][i] == 1) { /* a pybind enum hashes through Python: its identity */
-            if ((v = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash(arg))) == NULL)
-                goto fail;
-        } else {
-            v = arg;
-            Py_INCREF(v);
-        }
-        PyTuple_SET_ITEM(key, j++, v);
     }
     return key;
-fail:
-    Py_DECREF(key);
-    return NULL;
 }
 
-/* The cache key of this call from `frame` (fastpath.key_function), or None where the arguments
- * cannot be keyed (AttributeError/TypeError: the general path then handles the call).
- * *argt and *kw: the call's arguments as a tuple and a dict, made here when the Python key
- * function needs them. */
-static PyObject *call_key(Wrapper *w, PyFrameObject *frame, PyObject *const *args,
-                          Py_ssize_t nargs, PyObject *kwnames, PyObject **argt, PyObject **kw) {
-    PyCodeObject *code = PyFrame_GetCode(frame);
+/* ---- the memo: the last Hits found, without building and hashing their key --------------- */
+
+/* Session 5: building the key tuple, hashing it (torch.Size, a device) and the dict lookup cost
+ * ~1.5k instructions a call (callgrind). A repeat call from a site usually passes what the last
+ * call from there passed: a few entries, by call site, remember the terms of the last key found
+ * there and its Hit. An entry is used only where every term is the same as its own, which
+ * implies that the key is equal (so `fast` holds that Hit under it): the same object, or for
+ * C types (ints, torch.Size and its ints, torch.device) equal by their C comparison, which runs
+ * no Python code. Anything else (a Python-level __eq__) is a miss: the dict path. */
+
+static int same(PyObject *a, PyObject *b) {
+    if (a == b)
+        return 1;
+    PyTypeObject *tp = Py_TYPE(a);
+    if (tp != Py_TYPE(b) || (tp->tp_flags & Py_TPFLAGS_HEAPTYPE))
+        return 0;
+    if (PyTuple_Check(a)) { /* a torch.Size: its ints, one by one */
+        Py_ssize_t k = PyTuple_GET_SIZE(a);
+        if (k != PyTuple_GET_SIZE(b))
+            return 0;
+        for (Py_ssize_t i = 0; i < k; i++)
+            if (!same(PyTuple_GET_ITEM(a, i), PyTuple_GET_ITEM(b, i)))
+                return 0;
+        return 1;
+    }
+    if (tp == &PyList_Type || tp == &PyDict_Type || tp == &PySet_Type || tp == &PyFrozenSet_Type)
+        return 0; /* containers: their items may compare in Python */
+    int r = PyObject_RichCompareBool(a, b, Py_EQ);
+    if (r < 0)
+        PyErr_Clear(); /* a miss: the dict path compares again and raises what it raises */
+    return r > 0;
+}
+
+static Memo *memo_slot(Wrapper *w, PyObject *code, long a, long b) {
+    size_t h = ((size_t)code >> 4) ^ ((size_t)a * 31u) ^ ((size_t)b * 131u);
+    return &w->memo[h % NMEMO];
+}
+
+static int memo_match(Wrapper *w, Memo *m, PyObject *code, long a, long b, Py_ssize_t n,
+                      PyObject **vals, int nv) {
+    if (m->code != code || m->a != a || m->b != b || m->n != n || m->nv != nv)
+        return 0;
+    int j = 0;
+    for (int i = 0; i < w->plen[n]; i++) {
+        if (w->kind[n][i] == 1) { /* keyed by its identity: the same object, nothing else */
+            if (vals[j] != m->vals[j])
+                return 0;
+            j++;
+            continue;
+        }
+        for (int e = w->kind[n][i] == 0 ? 3 : 1; e > 0; e--, j++)
+            if (vals[j] != m->vals[j] && !same(vals[j], m->vals[j]))
+                return 0;
+    }
+    return 1;
+}
+
+static void memo_clear(Memo *m) {
+    for (int i = 0; i < m->nv; i++)
+        Py_CLEAR(m->vals[i]);
+    m->nv = 0;
+    Py_CLEAR(m->code);
+    Py_CLEAR(m->hit);
+}
+
+static void memo_store(Memo *m, PyObject *code, long a, long b, Py_ssize_t n, PyObject **vals,
+                       int nv, PyObject *hit) {
+    memo_clear(m);
+    Py_INCREF(code);
+    Py_INCREF(hit);
+    m->code = code; /* held: an address compared here is never another code's */
+    m->hit = hit;
+    m->a = a;
+    m->b = b;
+    m->n = n;
+    for (int i = 0; i < nv; i++) {
+        Py_INCREF(vals[i]);
+        m->vals[i] = vals[i];
+    }
+    m->nv = nv;
+}
+
+/* The Hit of this call from `frame` (a new reference) into *hit, or NULL where there is none,
+ * and its key (fastpath.key_function) into *key: None where the arguments cannot be keyed
+ * (AttributeError/TypeError: the general path then handles the call), NULL where the memo
+ * gave the Hit. *argt and *kw: the call's arguments as a tuple and a dict, made here when the
+ * Python key function needs them. 0, or -1 with an error set. */
+static int find_hit(Wrapper *w, PyObject *rec, const Where *at, PyObject *const *args,
+                    Py_ssize_t nargs, PyObject *kwnames, PyObject **argt, PyObject **kw,
+                    PyObject **key, PyObject **hit) {
+    PyObject *code = at->code; /* alive: its frame holds it, and a Hit keeps it once cached */
+    long la = at->a, lb = at->b;
+    PyObject *vals[MAXPLAN * 3];
+    int nv = -2; /* -2: no plan (the Python key function), -1: the terms raised */
+    Memo *m = NULL;
+    int nokw = kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0;
+    if (nokw && nargs < w->nplan) {
+        nv = read_terms(w, args, nargs, vals);
+        if (nv >= 0) {
+            m = memo_slot(w, code, la, lb);
+            if (memo_match(w, m, code, la, lb, nargs, vals, nv) &&
+                PyTuple_GET_ITEM(m->hit, H_REC) == rec) {
+                *hit = m->hit;
+                Py_INCREF(*hit);
+                goto out;
+            }
+        }
+    }
     /* object.__hash__ of the code, as fastpath's key and dist.general (fkey[0]) expect */
-    PyObject *ident = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash((PyObject *)code));
-    Py_DECREF(code); /* still alive: the frame holds it, and a Hit keeps it once cached */
-    PyFrameObject *back = PyFrame_GetBack(frame);
-    PyObject *a = PyLong_FromLong(frame_lasti(frame));
-    PyObject *b = PyLong_FromLong(back == NULL ? -1 : frame_lasti(back));
-    Py_XDECREF(back);
-    PyObject *key = NULL;
-    if (ident != NULL && a != NULL && b != NULL) {
-        int nokw = kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0;
-        if (nokw && nargs < w->nplan) {
-            PyObject *head[3] = {ident, a, b};
-            key = plan_key(w, args, nargs, head);
+    PyObject *ident = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash(code));
+    PyObject *a = PyLong_FromLong(la), *b = PyLong_FromLong(lb);
+    if (ident != NULL && a != NULL && b != NULL && nv != -1) {
+        PyObject *head[3] = {ident, a, b};
+        if (nv >= 0) {
+            *key = plan_key(w, head, nargs, vals, nv);
         } else if (*argt != NULL || pack(args, nargs, kwnames, argt, kw) == 0) {
             PyObject *kargs[5] = {*argt, *kw, ident, a, b};
-            key = PyObject_Vectorcall(w->fastkey, kargs, 5, NULL);
-        }
-        if (key == NULL && (PyErr_ExceptionMatches(PyExc_AttributeError) ||
-                            PyErr_ExceptionMatches(PyExc_TypeError))) {
-            PyErr_Clear();
-            key = Py_None;
-            Py_INCREF(key);
+            *key = PyObject_Vectorcall(w->fastkey, kargs, 5, NULL);
         }
     }
     Py_XDECREF(ident);
     Py_XDECREF(a);
     Py_XDECREF(b);
-    return key;
+    if (*key != NULL) {
+        *hit = PyDict_GetItemWithError(w->fast, *key); /* borrowed */
+        Py_XINCREF(*hit);
+    }
+    if (*key == NULL || (*hit == NULL && PyErr_Occurred())) {
+        /* arguments the key cannot hold (an unhashable one: TypeError): no key */
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError) &&
+            !PyErr_ExceptionMatches(PyExc_TypeError)) {
+            Py_CLEAR(*key);
+            goto fail;
+        }
+        PyErr_Clear();
+        Py_XSETREF(*key, Py_None);
+        Py_INCREF(Py_None);
+    } else if (*hit != NULL && m != NULL && PyTuple_Check(*hit) && PyTuple_GET_SIZE(*hit) >= H_N &&
+               PyTuple_GET_ITEM(*hit, H_REC) == rec) {
+        memo_store(m, code, la, lb, nargs, vals, nv, *hit);
+    }
+out:
+    for (int i = 0; i < nv; i++)
+        Py_DECREF(vals[i]);
+    return 0;
+fail:
+    for (int i = 0; i < nv; i++)
+        Py_DECREF(vals[i]);
+    return -1;
 }
 
 /* Whether `hit` is a Hit this file can record from (types checked once, before any effect). */
@@ -337,7 +872,7 @@ static void join(char *dst, const Piece *ps, int k) {
 /* slot._mm[:n] = the in-flight record: a short-lived buffer export (never held across calls:
  * it would block the slot's close). Errors propagate, as the Python slice assignment's do. */
 static int store_slot(PyObject *slot, const Piece *ps, int k) {
-    PyObject *mm = PyObject_GetAttr(slot, s__mm);
+    PyObject *mm = GET(slot, _MM, s__mm);
     if (mm == NULL)
         return -1;
     Py_buffer view;
@@ -375,9 +910,9 @@ static int after(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight, P
     join(PyBytes_AS_STRING(data), ps, 6);
     memcpy(PyBytes_AS_STRING(data) + total(ps, 6), PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail));
     /* rec.writer.mm.write(data): the mapped trace file; else rec.emit_bytes(data) */
-    PyObject *r = NULL, *writer = PyObject_GetAttr(rec, s_writer);
+    PyObject *r = NULL, *writer = GET(rec, WRITER, s_writer);
     if (writer != NULL) {
-        PyObject *mm = PyObject_GetAttr(writer, s_mm);
+        PyObject *mm = GET(writer, MM, s_mm);
         Py_DECREF(writer);
         if (mm != NULL) {
             r = PyObject_VectorcallMethod(s_write, (PyObject *[]){mm, data},
@@ -395,23 +930,31 @@ static int after(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight, P
         return -1;
     Py_DECREF(r);
     /* rec.events += 1 */
-    PyObject *ev = PyObject_GetAttr(rec, s_events), *one = PyLong_FromLong(1), *ev2 = NULL;
-    if (ev != NULL && one != NULL)
-        ev2 = PyNumber_InPlaceAdd(ev, one);
+    PyObject *ev = GET(rec, EVENTS, s_events), *ev2 = NULL;
+    long long evn;
+    if (ev != NULL && PyLong_CheckExact(ev) && (evn = PyLong_AsLongLong(ev)) < LLONG_MAX &&
+        !(evn == -1 && PyErr_Occurred())) {
+        ev2 = PyLong_FromLongLong(evn + 1); /* an int: what int.__iadd__ gives, without it */
+    } else if (ev != NULL) {
+        PyErr_Clear(); /* (an int beyond long long: the generic addition) */
+        PyObject *one = PyLong_FromLong(1);
+        if (one != NULL)
+            ev2 = PyNumber_InPlaceAdd(ev, one);
+        Py_XDECREF(one);
+    }
     Py_XDECREF(ev);
-    Py_XDECREF(one);
     if (ev2 == NULL)
-        return -1;
-    int rc = PyObject_SetAttr(rec, s_events, ev2);
-    Py_DECREF(ev2);
-    if (rc < 0)
         return -1;
     PyObject *op = PyTuple_GET_ITEM(hit, H_OP), *g = PyTuple_GET_ITEM(hit, H_G);
     PyObject *site = PyTuple_GET_ITEM(hit, H_SITE);
     PyObject *last = tuple_of(5, 1, (PyObject *[]){op, g, iseq, site, PyLong_FromLongLong(ts + dur)});
-    if (last == NULL)
+    if (last == NULL) {
+        Py_DECREF(ev2);
         return -1;
-    rc = PyObject_SetAttr(rec, s_last_event, last);
+    }
+    /* rec.events += 1; rec.last_event = (...) */
+    int rc = set_two(rec, A_EVENTS, s_events, ev2, A_LAST_EVENT, s_last_event, last);
+    Py_DECREF(ev2);
     Py_DECREF(last);
     if (rc < 0)
         return -1;
@@ -459,28 +1002,37 @@ static PyObject *call_failed(Wrapper *w, PyObject *rec, PyObject *hit, PyObject 
     return NULL;
 }
 
+/* cur: seqs.get(g) (borrowed; the caller looked it up, an exact int or NULL) */
 static PyObject *record_hit(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight,
-                            PyObject *tid, PyObject *seqs, PyObject *const *args, size_t nargsf,
-                            PyObject *kwnames) {
+                            PyObject *tid, PyObject *seqs, PyObject *cur, PyObject *const *args,
+                            size_t nargsf, PyObject *kwnames) {
     PyObject *g = PyTuple_GET_ITEM(hit, H_G);
-    PyObject *cur = PyDict_GetItemWithError(seqs, g); /* seqs.get(g, 0) + 1 */
-    if (cur == NULL && PyErr_Occurred())
-        return NULL;
+    /* seqs.get(g, 0) + 1 */
     long long seq = cur == NULL ? 1 : PyLong_AsLongLong(cur) + 1;
     if (seq == 0 && PyErr_Occurred())
         return NULL;
     PyObject *seqo = PyLong_FromLongLong(seq);
     if (seqo == NULL)
         return NULL;
-    int rc = PyDict_SetItem(seqs, g, seqo);
-    Py_DECREF(seqo);
+    int rc = PyDict_SetItem(seqs, g, seqo); /* (seqo is kept: the entries' iseq, usually) */
     long long start, t0;
     if (rc < 0 || perf_ns(w, &start) < 0)
         return NULL;
-    PyObject *t0o = PyObject_GetAttr(rec, s_t0_ns);
+    PyObject *t0o = GET(rec, T0_NS, s_t0_ns);
     if (t0o == NULL)
         return NULL;
-    t0 = PyLong_AsLongLong(t0o);
+    static PyObject *t0_obj; /* held: the last rec.t0_ns read and its value (~130 instr.) */
+    static long long t0_val;
+    if (t0o == t0_obj) {
+        t0 = t0_val;
+    } else {
+        t0 = PyLong_AsLongLong(t0o);
+        if (!(t0 == -1 && PyErr_Occurred())) {
+            Py_INCREF(t0o);
+            Py_XSETREF(t0_obj, t0o);
+            t0_val = t0;
+        }
+    }
     Py_DECREF(t0o);
     if (t0 == -1 && PyErr_Occurred())
         return NULL;
@@ -489,7 +1041,7 @@ static PyObject *record_hit(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *
     char sbuf[24], tbuf[24];
     Piece pre[4] = {BYTES_PIECE(PyTuple_GET_ITEM(hit, H_HEAD)), {sbuf, digits(sbuf, seq)},
                     BYTES_PIECE(PyTuple_GET_ITEM(hit, H_MID)), {tbuf, digits(tbuf, ts)}};
-    PyObject *slot = PyObject_GetAttr(rec, s_slot);
+    PyObject *slot = GET(rec, SLOT, s_slot);
     if (slot == NULL)
         return NULL;
     if (slot != Py_None) { /* survives the process dying inside the call (trace/inflight) */
@@ -502,7 +1054,10 @@ static PyObject *record_hit(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *
     int in_seq = PyObject_IsTrue(PyTuple_GET_ITEM(hit, H_INSEQ));
     if (in_seq < 0)
         return NULL;
-    PyObject *iseq = PyLong_FromLongLong(in_seq ? seq : 0);
+    PyObject *iseq = in_seq ? seqo : PyLong_FromLong(0);
+    if (in_seq)
+        Py_INCREF(iseq);
+    Py_DECREF(seqo);
     PyObject *entry = iseq == NULL ? NULL
                                    : tuple_of(5, 1, (PyObject *[]){PyTuple_GET_ITEM(hit, H_OP), g, iseq,
                                                                    PyTuple_GET_ITEM(hit, H_SITE),
@@ -539,11 +1094,29 @@ static PyObject *record_hit(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *
     return result;
 }
 
+/* threading.get_ident() as an int, made once per thread (a new reference; ~130 instructions a
+ * call less). The thread's int is never freed: one per thread that calls a collective. */
+static _Thread_local PyObject *tid_obj;
+static _Thread_local unsigned long tid_val;
+
+static PyObject *thread_id(void) {
+    unsigned long id = PyThread_get_thread_ident();
+    if (tid_obj == NULL || tid_val != id) {
+        PyObject *o = PyLong_FromUnsignedLong(id);
+        if (o == NULL)
+            return NULL;
+        Py_XSETREF(tid_obj, o);
+        tid_val = id;
+    }
+    Py_INCREF(tid_obj);
+    return tid_obj;
+}
+
 static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                     PyObject *kwnames) {
     Wrapper *w = (Wrapper *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *rec = PyObject_GetAttr(w->recmod, s_recorder);
+    PyObject *rec = GET(w->recmod, RECORDER, s_recorder);
     if (rec == NULL)
         return NULL;
     PyObject *tid = NULL, *inflight = NULL, *seqs = NULL, *argt = NULL, *kw = NULL, *key = NULL;
@@ -554,14 +1127,11 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
             result = PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
         goto done;
     }
-    tid = PyLong_FromUnsignedLong(PyThread_get_thread_ident()); /* threading.get_ident() */
-    inflight = PyObject_GetAttr(rec, s_inflight);
+    tid = thread_id(); /* threading.get_ident() */
+    inflight = GET(rec, INFLIGHT, s_inflight);
     if (tid == NULL || inflight == NULL)
         goto done;
-    /* the user's frame: the caller of fastpath's shim, the Python frame that called this */
-    PyFrameObject *shim = PyEval_GetFrame();
-    frame = shim == NULL ? NULL : (PyObject *)PyFrame_GetBack(shim);
-    if (!PyDict_CheckExact(inflight) || frame == NULL)
+    if (!PyDict_CheckExact(inflight))
         goto python;
     r = PyDict_Contains(inflight, tid);
     if (r != 0) { /* inside another recorded call (all_gather_object -> all_gather) */
@@ -569,42 +1139,38 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
             result = PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
         goto done;
     }
+    /* the user's frame: the caller of fastpath's shim, the Python frame that called this
+     * (read after the nesting check, as the Python wrapper does) */
+    Where at;
+    if (!where(&at))
+        goto python;
     if (w->fastkey != Py_None) {
-        r = w->reducing ? truthy_attr(rec, s_ddp_refs) : 0; /* (ddp_overlap: general) */
+        r = w->reducing ? truthy(GET(rec, DDP_REFS, s_ddp_refs)) : 0; /* (ddp_overlap: general) */
         if (r < 0)
             goto done;
         if (!r) {
-            key = call_key(w, (PyFrameObject *)frame, args, nargs, kwnames, &argt, &kw);
-            if (key == NULL)
+            if (find_hit(w, rec, &at, args, nargs, kwnames, &argt, &kw, &key,
+                         &hit) < 0)
                 goto done;
-            if (key != Py_None) {
-                hit = PyDict_GetItemWithError(w->fast, key); /* borrowed */
-                if (hit == NULL && PyErr_Occurred()) {
-                    if (!PyErr_ExceptionMatches(PyExc_TypeError))
-                        goto done;
-                    PyErr_Clear(); /* an unhashable argument: no key */
-                    Py_SETREF(key, Py_None);
-                    Py_INCREF(key);
-                }
-                Py_XINCREF(hit);
-            }
         }
     }
     if (hit == NULL || !PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) < H_N ||
         PyTuple_GET_ITEM(hit, H_REC) != rec) {
         if (argt == NULL && pack(args, nargs, kwnames, &argt, &kw) < 0)
             goto done;
+        if ((frame = user_frame()) == NULL)
+            goto python;
         PyObject *gargs[7] = {rec, tid, frame, key == NULL ? Py_None : key, w->fast, argt, kw};
         result = PyObject_Vectorcall(w->general, gargs, 7, NULL);
         goto done;
     }
-    seqs = PyObject_GetAttr(rec, s_seq);
+    seqs = GET(rec, SEQ, s_seq);
     if (seqs == NULL)
         goto done;
     PyObject *cur = PyDict_CheckExact(seqs) ? PyDict_GetItemWithError(seqs, PyTuple_GET_ITEM(hit, H_G)) : NULL;
     if (!PyDict_CheckExact(seqs) || !usable(hit) || (cur != NULL && !PyLong_CheckExact(cur)))
         goto python;
-    result = record_hit(w, rec, hit, inflight, tid, seqs, args, nargsf, kwnames);
+    result = record_hit(w, rec, hit, inflight, tid, seqs, cur, args, nargsf, kwnames);
     goto done;
 python: /* an object of another type than this file relies on: nothing done yet */
     if (!PyErr_Occurred())
@@ -631,11 +1197,19 @@ done:
 
 static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
     FIELDS(VISIT)
+    for (int i = 0; i < NMEMO; i++) {
+        Py_VISIT(w->memo[i].code);
+        Py_VISIT(w->memo[i].hit);
+        for (int j = 0; j < w->memo[i].nv; j++)
+            Py_VISIT(w->memo[i].vals[j]);
+    }
     return 0;
 }
 
 static int wrapper_clear(Wrapper *w) {
     FIELDS(CLEAR)
+    for (int i = 0; i < NMEMO; i++)
+        memo_clear(&w->memo[i]);
     return 0;
 }
 
@@ -688,6 +1262,7 @@ static PyObject *make(PyObject *module, PyObject *args) {
         return NULL;
     w->vectorcall = wrapper_vectorcall;
     FIELDS(NULLIFY)
+    memset(w->memo, 0, sizeof w->memo);
     PyObject *plan;
     if (!PyArg_ParseTuple(args, "OOOO!pOOOOOOO:make", &w->orig, &w->fastkey, &w->general,
                           &PyDict_Type, &w->fast, &w->reducing, &w->tc, &w->failed,
@@ -720,7 +1295,7 @@ static struct PyModuleDef moduledef = {
 };
 
 PyMODINIT_FUNC PyInit__fastcall(void) {
-    if (PyType_Ready(&WrapperType) < 0)
+    if (PyType_Ready(&WrapperType) < 0 || PyType_Ready(&DepthType) < 0)
         return NULL;
 #define INTERN(var, text)                                   \
     if ((var = PyUnicode_InternFromString(text)) == NULL) \
@@ -728,6 +1303,7 @@ PyMODINIT_FUNC PyInit__fastcall(void) {
     INTERN(s_shape, "shape");
     INTERN(s_dtype, "dtype");
     INTERN(s_device, "device");
+    INTERN(s_is_cpu, "is_cpu");
     INTERN(s_recorder, "_recorder");
     INTERN(s_enabled, "enabled");
     INTERN(s_local, "local");
@@ -751,6 +1327,11 @@ PyMODINIT_FUNC PyInit__fastcall(void) {
     Py_INCREF(&WrapperType);
     if (m != NULL && PyModule_AddObject(m, "Wrapper", (PyObject *)&WrapperType) < 0) {
         Py_DECREF(&WrapperType);
+        Py_CLEAR(m);
+    }
+    Py_INCREF(&DepthType);
+    if (m != NULL && PyModule_AddObject(m, "Depth", (PyObject *)&DepthType) < 0) {
+        Py_DECREF(&DepthType);
         Py_CLEAR(m);
     }
     return m;

@@ -87,7 +87,9 @@ def _build(use_native: bool, monkeypatch, orig):
         b = frame.f_back
         keys.append((fkey, fastkey(args, kwargs, object.__hash__(frame.f_code), frame.f_lasti,
                                    -1 if b is None else b.f_lasti)))
-        asy = bool(kwargs.get("async_op"))
+        # (as dist's general path reads it: passed by name, or fourth by position as the C
+        # path's shim passes every parameter)
+        asy = bool(kwargs.get("async_op", args[3] if len(args) > 3 else False))
         ent = ("0", '{"t":"c","op":"all_reduce","g":"0","s":', ',"x":["float32[1]"]',
                ',"async":1' if asy else "", "all_reduce", True, asy, "", None)
         if fkey is not None:

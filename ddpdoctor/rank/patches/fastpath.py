@@ -22,6 +22,8 @@ The record keeps the general path's field order (``s`` first, then ``ts``, ``d``
 
 from __future__ import annotations
 
+import inspect
+import keyword
 import os
 import sys
 import threading
@@ -171,20 +173,58 @@ def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, share
     # C object exposed, torch.compile(fullgraph=True) failed on a collective, measured).
     call = native.make(orig, fastkey, general, fast, reducing, tc, failed, track_async, recorder_mod,
                        wrapper, _perf_ns, getattr(fastkey, "plan", ()))
-
-    def shim(*args, **kwargs):
-        if dyn():
-            return orig(*args, **kwargs)
-        return call(*args, **kwargs)
+    shim = _exact_shim(orig, call, dyn)
+    if shim is None:
+        def shim(*args, **kwargs):
+            if dyn():
+                return orig(*args, **kwargs)
+            return call(*args, **kwargs)
 
     shim._ddpdoctor_native = call  # (tests tell the two paths apart by it)
     return shim
 
 
+def _exact_shim(orig, call, dyn):
+    """The shim with ``orig``'s own parameters (and its very default objects), or None where they
+    are not all plain positional-or-keyword ones.
+
+    Session 5 (callgrind): ``def shim(*args, **kwargs)`` cost ~2k instructions a call: a fresh
+    C-level interpreter loop for a varargs function, the argument tuple and dict, a merged dict
+    for ``call(*args, **kwargs)``. With named parameters the interpreter runs the shim in its
+    own loop and ``call(a, b, c, d)`` is a plain vectorcall. Nothing a caller can tell changes:
+    a parameter not passed holds its default, the same object ``orig`` would give it, and a bad
+    call raises the TypeError of the same signature under the same name."""
+    try:
+        params = list(inspect.signature(orig).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    name = getattr(orig, "__name__", "")
+    reserved = {"_ddpdoctor_orig", "_ddpdoctor_call", "_ddpdoctor_dyn"}
+    if not name.isidentifier() or keyword.iskeyword(name) or not params or any(
+            p.kind is not p.POSITIONAL_OR_KEYWORD or keyword.iskeyword(p.name) or p.name in reserved
+            for p in params):
+        return None
+    names: dict = {"_ddpdoctor_orig": orig, "_ddpdoctor_call": call, "_ddpdoctor_dyn": dyn}
+    sig = []
+    for i, p in enumerate(params):
+        if p.default is p.empty:
+            sig.append(p.name)
+        else:
+            names[f"_ddpdoctor_d{i}"] = p.default
+            sig.append(f"{p.name}=_ddpdoctor_d{i}")
+    passed = ", ".join(p.name for p in params)
+    src = (f"def {name}({', '.join(sig)}):\n"
+           f"    if _ddpdoctor_dyn():\n"  # Dynamo folds it to True: it traces torch's function
+           f"        return _ddpdoctor_orig({passed})\n"
+           f"    return _ddpdoctor_call({passed})\n")
+    exec(src, names)  # noqa: S102 - source built above from orig's parameter names only
+    return names[name]
+
+
 def key_function(params: list[str], defaults: dict, tensors: tuple, values: tuple, absent: int):
     """A function ``(args, kwargs, code, lasti, caller_lasti) -> tuple``: the cache key of a
-    call (its site and what decides its record: each tensor's shape, dtype, device and the other
-    listed arguments), built in one go.
+    call (its site and what decides its record: each tensor's shape, dtype, device (True for
+    the CPU) and the other listed arguments), built in one go.
 
     Generated for the signature (like ``dist._key_function``), with one branch per number of
     positional arguments for calls without keyword arguments, the common form
@@ -198,14 +238,20 @@ def key_function(params: list[str], defaults: dict, tensors: tuple, values: tupl
 
     def term(p: str, v: str) -> str:
         if p in tensors:
-            return f"{v}.shape, {v}.dtype, {v}.device"
+            # `is_cpu or device`: a CPU tensor's device is a new object at every read, ~550
+            # instructions with its hash and compare; is_cpu is a shared bool (callgrind)
+            return f"{v}.shape, {v}.dtype, {v}.is_cpu or {v}.device"
         if p == "op":  # a pybind enum hashes through a Python-level call: identity instead
             return f"_identity({v})"
         return v
 
     body = ["def key(args, kwargs, c, a, b):", "    n = len(args)", "    if not kwargs:"]
     plan = []  # the same branches for the C path (_fastcall.c): (position, 0 tensor/1 identity/2 value)
-    for n in range(max([pos[p] for p in keyed if pos[p] < absent], default=-1) + 2):
+    # a branch for every count of positional arguments up to all of the signature's (8 at most:
+    # _fastcall.c's MAXPLAN): the C path's shim passes every parameter (barrier's unkeyed
+    # device_ids included), and a count without a branch takes the generic key (~1.5k more)
+    top = max([pos[p] for p in keyed if pos[p] < absent], default=-1) + 2
+    for n in range(max(top, min(len(params) + 1, 8))):
         terms = [term(p, f"args[{pos[p]}]") for p in keyed if pos[p] < n]
         plan.append(tuple((pos[p], 0 if p in tensors else 1 if p == "op" else 2) for p in keyed if pos[p] < n))
         cond = "if" if n == 0 else "elif"
