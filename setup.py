@@ -9,4 +9,6 @@ setup(ext_modules=[Extension("ddpdoctor.rank._fastcall", ["ddpdoctor/rank/_fastc
                    # the C audit filter (rank/auditfilter.py): unwatched audit events stay in C
                    Extension("ddpdoctor.rank._auditfilter", ["ddpdoctor/rank/_auditfilter.c"], optional=True),
                    # the call-site lookup's pass over library frames (rank/callsite.py)
-                   Extension("ddpdoctor.rank._sitewalk", ["ddpdoctor/rank/_sitewalk.c"], optional=True)])
+                   Extension("ddpdoctor.rank._sitewalk", ["ddpdoctor/rank/_sitewalk.c"], optional=True),
+                   # warnings.warn counting stacklevel over ddpdoctor's frames (rank/warnsite.py)
+                   Extension("ddpdoctor.rank._warnsite", ["ddpdoctor/rank/_warnsite.c"], optional=True)])
