@@ -36,12 +36,33 @@ def adjusted_level(stacklevel: int, start) -> int:
     return stacklevel + extra
 
 
-def install() -> None:
-    """Replace ``warnings.warn`` once per process (idempotent)."""
+def _native():
+    """The C replacement (``_warnsite``), unless ``DDPDOCTOR_NATIVE=0`` or not built."""
+    if os.environ.get("DDPDOCTOR_NATIVE", "1").strip() == "0":
+        return None
+    try:
+        from . import _warnsite
+    except ImportError:
+        return None
+    return _warnsite
+
+
+def install(native: bool = True) -> None:
+    """Replace ``warnings.warn`` once per process (idempotent). The C function where it was built
+    (torch 2.13 calls warn on every all_gather_into_tensor / reduce_scatter_tensor: a Python
+    replacement cost ~8k instructions a call there), else the Python one below."""
     if _state["real"] is not None:
         return
     real = warnings.warn
     _state["real"] = real
+    mod = _native() if native else None
+    if mod is not None:
+        try:
+            mod.install(real, _PACKAGE)
+            warnings.warn = mod.warn
+            return
+        except Exception:  # noqa: BLE001 - fall back to the Python function
+            pass
 
     def warn(message, category=None, stacklevel=1, source=None, **kwargs):
         level = stacklevel

@@ -27,6 +27,14 @@ def user_b(level):
 """
 
 
+@pytest.fixture(params=["python", "native"])
+def native(request):
+    """Both implementations: the Python function and the C one (skipped where not built)."""
+    if request.param == "native" and warnsite._native() is None:
+        pytest.skip("the _warnsite extension is not built (or DDPDOCTOR_NATIVE=0)")
+    return request.param == "native"
+
+
 @pytest.fixture
 def program(monkeypatch):
     """Three code objects in three files: user.py -> ddpdoctor/rank/fakewrap.py -> lib.py.
@@ -51,17 +59,17 @@ def test_without_it_the_warning_names_the_wrapper(program):
     assert _record(program["user_a"], 2) == [("fakewrap.py", 3)]
 
 
-def test_stacklevel_steps_over_ddpdoctor_frames(program):
-    warnsite.install()
+def test_stacklevel_steps_over_ddpdoctor_frames(program, native):
+    warnsite.install(native)
     assert _record(program["user_a"], 2) == [("user.py", 3)]
     assert _record(program["user_a"], 1) == [("lib.py", 4)]
     assert _record(program["user_a"], 0) == [("lib.py", 4)]
 
 
-def test_each_call_site_is_its_own_location_again(program):
+def test_each_call_site_is_its_own_location_again(program, native):
     """The 'default' action shows a warning once per location: through the wrapper, the two
     call sites were one location; now each is shown."""
-    warnsite.install()
+    warnsite.install(native)
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("default")
         for _ in range(2):
@@ -70,9 +78,22 @@ def test_each_call_site_is_its_own_location_again(program):
     assert sorted((os.path.basename(w.filename), w.lineno) for w in got) == [("user.py", 3), ("user.py", 5)]
 
 
-def test_bad_stacklevel_fails_as_without_it(program):
-    warnsite.install()
+def test_bad_stacklevel_fails_as_without_it(program, native):
+    warnsite.install(native)
     with pytest.raises(TypeError):
         warnings.warn("x", UserWarning, stacklevel="2")
     # a level beyond the stack is accepted, as by the real warn
     assert len(_record(program["user_a"], 50)) == 1
+
+
+def test_the_native_function_is_the_one_installed_where_built(program):
+    warnsite.install()
+    if warnsite._native() is not None:
+        assert type(warnings.warn).__name__ == "builtin_function_or_method"
+        assert warnings.warn.__module__ == "ddpdoctor.rank._warnsite" or "warnsite" in repr(warnings.warn)
+    # keyword and positional stacklevel alike
+    ns = {}
+    exec(compile("import warnings\ndef lib(level):\n    warnings.warn('k', UserWarning, level)\n",
+                 "/elsewhere/lib2.py", "exec"), ns)
+    program["lib"] = ns["lib"]
+    assert _record(program["user_a"], 2) == [("user.py", 3)]
