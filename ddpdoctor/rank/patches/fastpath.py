@@ -184,6 +184,10 @@ def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, share
     return shim
 
 
+#: Keywords torch's c10d exception logger reads from a failing collective's call.
+_LOGGED_KEYWORDS = frozenset({"group", "process_group", "pg"})
+
+
 def _exact_shim(orig, call, dyn):
     """The shim with ``orig``'s own parameters (and its very default objects), or None where they
     are not all plain positional-or-keyword ones.
@@ -205,43 +209,33 @@ def _exact_shim(orig, call, dyn):
             for p in params):
         return None
     names: dict = {"_ddpdoctor_orig": orig, "_ddpdoctor_call": call, "_ddpdoctor_dyn": dyn}
-    sig, required, optional = [], [], []
+    sig = []
     for i, p in enumerate(params):
         if p.default is p.empty:
             sig.append(p.name)
-            required.append(p.name)
         else:
             names[f"_ddpdoctor_d{i}"] = p.default
             sig.append(f"{p.name}=_ddpdoctor_d{i}")
-            optional.append((p.name, f"_ddpdoctor_d{i}"))
-    # orig gets the parameters a caller left at their defaults as not passed at all, and the
-    # others by keyword: torch's exception logger (`_exception_logger`) reads `group` from the
-    # call's keywords when a collective fails, so passing everything positionally changed how a
-    # call with an invalid group object failed (tests/faults: AttributeError instead of
-    # ValueError). The common all-defaults form stays one positional vectorcall.
-    head = ", ".join(required)
-    if optional:
-        defaults = " and ".join(f"{n} is {d}" for n, d in optional)
-        kws = ", ".join(f"({n!r}, {n}, {d})" for n, d in optional)
-        names["_ddpdoctor_kw"] = _passed_keywords
-        body = (f"    if {defaults}:\n"
-                f"        return _ddpdoctor_call({head})\n"
-                f"    return _ddpdoctor_call({head}{', ' if head else ''}**_ddpdoctor_kw({kws}))\n")
-        dyn_call = f"_ddpdoctor_orig({head}{', ' if head else ''}**_ddpdoctor_kw({kws}))"
+    passed = ", ".join(p.name for p in params)
+    # torch's exception logger (`_exception_logger`) reads the group from the call's *keywords*
+    # when a collective fails: a group passed positionally changed how a call with an invalid
+    # group object failed (tests/faults: AttributeError instead of ValueError). A group left at
+    # its default reads the same either way, so that (common) form stays one positional
+    # vectorcall; a group given is passed by keyword, with the parameters after it.
+    g = next((i for i, p in enumerate(params) if p.name in _LOGGED_KEYWORDS and p.default is not p.empty), None)
+    if g is None:
+        body = f"    return _ddpdoctor_call({passed})\n"
     else:
-        body = f"    return _ddpdoctor_call({head})\n"
-        dyn_call = f"_ddpdoctor_orig({head})"
+        by_kw = ", ".join([p.name for p in params[:g]] + [f"{p.name}={p.name}" for p in params[g:]])
+        body = (f"    if {params[g].name} is _ddpdoctor_d{g}:\n"
+                f"        return _ddpdoctor_call({passed})\n"
+                f"    return _ddpdoctor_call({by_kw})\n")
     src = (f"def {name}({', '.join(sig)}):\n"
            f"    if _ddpdoctor_dyn():\n"  # Dynamo folds it to True: it traces torch's function
-           f"        return {dyn_call}\n"
+           f"        return _ddpdoctor_orig({passed})\n"
            + body)
     exec(src, names)  # noqa: S102 - source built above from orig's parameter names only
     return names[name]
-
-
-def _passed_keywords(*items: tuple) -> dict:
-    """``{name: value}`` for the (name, value, default) items whose value is not the default object."""
-    return {n: v for n, v, d in items if v is not d}
 
 
 def key_function(params: list[str], defaults: dict, tensors: tuple, values: tuple, absent: int):
