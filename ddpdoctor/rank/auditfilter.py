@@ -12,22 +12,12 @@ costs a few string comparisons. Without the extension (no compiler at install ti
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterable
 
+from . import native
 
-def _load():
-    if os.environ.get("DDPDOCTOR_NATIVE", "1").strip() == "0":
-        return None
-    try:
-        from . import _auditfilter
-    except ImportError:
-        return None
-    return _auditfilter
-
-
-_native = _load()
+_native = native.load("_auditfilter")
 
 
 def add_hook(hook: Callable[[str, tuple], None], events: Iterable[str]) -> bool:

@@ -16,6 +16,7 @@ import threading
 from types import FrameType
 
 from ..trace import sourceinfo
+from . import native
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the ddpdoctor package
 #: Frames under these prefixes are never the user's call site.
@@ -122,19 +123,9 @@ next(_frames)
 resume_frames = _frames.send
 
 
-def _load_sitewalk():
-    """``_sitewalk.site_key`` (rank/_sitewalk.c), or None: not built, or ``DDPDOCTOR_NATIVE=0``
-    (the Python loops of ``SiteTable.at`` then build every key)."""
-    if os.environ.get("DDPDOCTOR_NATIVE", "1").strip() == "0":
-        return None
-    try:
-        from ._sitewalk import site_key
-    except ImportError:
-        return None
-    return site_key
-
-
-_site_key = _load_sitewalk()
+# ``_sitewalk.site_key`` (rank/_sitewalk.c), or None: not built, or ``DDPDOCTOR_NATIVE=0`` (the
+# Python loops of ``SiteTable.at`` then build every key)
+_site_key = getattr(native.load("_sitewalk"), "site_key", None)
 
 
 class SiteTable:

@@ -18,6 +18,7 @@ from ..trace import records
 from ..trace.files import TraceWriter, dumps, hostname, trace_file_name
 from ..trace.mappedtrace import MappedTraceWriter
 from ..trace.records import InFlight
+from . import native
 from . import settings as settings_mod
 from .callsite import SiteTable
 
@@ -40,13 +41,9 @@ class _ThreadState(threading.local):
 def _c_depth() -> None:
     """``depth`` in C where the extension is built and on (rank/_fastcall.c: its read by the C
     repeat-call path costs ~10 instructions instead of ~560); Python code uses it unchanged."""
-    if os.environ.get("DDPDOCTOR_NATIVE", "1").strip() == "0":
-        return
-    try:
-        from ._fastcall import Depth
-    except ImportError:
-        return
-    _ThreadState.depth = Depth()
+    mod = native.load("_fastcall")
+    if mod is not None:
+        _ThreadState.depth = mod.Depth()
 
 
 _c_depth()

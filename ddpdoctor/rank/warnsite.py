@@ -17,6 +17,8 @@ import sys
 import warnings
 from collections.abc import Callable
 
+from . import native
+
 # Every file of the package: the rank-side wrappers, and anything they call back into.
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _state: dict[str, Callable | None] = {"real": None}
@@ -38,13 +40,7 @@ def adjusted_level(stacklevel: int, start) -> int:
 
 def _native():
     """The C replacement (``_warnsite``), unless ``DDPDOCTOR_NATIVE=0`` or not built."""
-    if os.environ.get("DDPDOCTOR_NATIVE", "1").strip() == "0":
-        return None
-    try:
-        from . import _warnsite
-    except ImportError:
-        return None
-    return _warnsite
+    return native.load("_warnsite")
 
 
 def install(native: bool = True) -> None:

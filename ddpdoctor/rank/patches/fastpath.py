@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import inspect
 import keyword
-import os
 import sys
 import threading
 import time
 from typing import NamedTuple
 
 from ...trace.inflight import SIZE as _SLOT_SIZE
+from .. import native
 from .. import recorder as recorder_mod
 from ..callsite import resume_frames as _resume
 
@@ -72,19 +72,9 @@ def make_hit(rec, ent: tuple, site: int, code) -> Hit | None:
     return Hit(rec, ent[0], ent[4], ent[5], site, head, mid, tail, slot_tail, ent[6], ent[7], ent, code)
 
 
-def _load_native():
-    """The C repeat-call path (rank/_fastcall.c), or None: not built (no compiler at install
-    time) or turned off with ``DDPDOCTOR_NATIVE=0``; the Python ``wrapper`` is then used."""
-    if os.environ.get("DDPDOCTOR_NATIVE", "1").strip() == "0":
-        return None
-    try:
-        from .. import _fastcall
-    except ImportError:
-        return None
-    return _fastcall
-
-
-_native = _load_native()
+# The C repeat-call path (rank/_fastcall.c), or None: not built or ``DDPDOCTOR_NATIVE=0``; the
+# Python ``wrapper`` is then used.
+_native = native.load("_fastcall")
 
 
 def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, shared: tuple):
