@@ -77,8 +77,8 @@ def header(rank: int, world: int, *, run: str, host: str, pid: int, torch: str, 
 # -- front ends -----------------------------------------------------------------------------------
 def write_run(folder, ranks: dict[int, list[dict]], exits: dict | None = None, world: int | None = None,
               run: str = "unit", dumps: tuple = (), wall0: float = 1.0) -> Path:
-    """One trace file per rank. A record's ``site`` may be ``(file, line)``, ``(file, line,
-    source)`` or ``(file, line, source, conds)`` with conds ``[[file, line, text, kind], ...]``.
+    """One trace file per rank. A record's ``site`` (and a sampler's ``created``) may be
+    ``(file, line)``, ``(file, line, source)`` or ``(file, line, source, conds)`` with conds ``[[file, line, text, kind], ...]``.
     ``exits[r]``: the exit record (default normal), or None for none (killed). Ranks in ``dumps``
     get a non-empty ``.stacks.txt`` (a SIGTERM stack dump)."""
     folder = Path(folder)
@@ -91,8 +91,9 @@ def write_run(folder, ranks: dict[int, list[dict]], exits: dict | None = None, w
         for rec in recs:
             rec = dict(rec)
             ts = rec.setdefault("ts", ts + 1000)
-            if isinstance(rec.get("site"), (tuple, list)):
-                rec["site"] = sites.intern(rec["site"])
+            for field in ("site", "created"):
+                if isinstance(rec.get(field), (tuple, list)):
+                    rec[field] = sites.intern(rec[field])
             for inf in (rec.get("inflight") or []):
                 if isinstance(inf[3], (tuple, list)):
                     inf[3] = sites.lookup(inf[3])

@@ -20,14 +20,15 @@ from support.traces import (
 STEP = ("train.py", 30, "loss = model(x)", [["train.py", 28, "for x in batches:", "for"]])
 
 
-def uneven_run(tmp_path, n_long=5, n_short=4, short_next=None, long_exit=None, short_exit=None):
+def uneven_run(tmp_path, n_long=5, n_short=4, short_next=None, long_exit=None, short_exit=None, extra=None):
     """Rank 0 runs n_long steps, its last backward in flight when it fails; rank 1 runs n_short
-    and then calls ``short_next`` (or nothing)."""
-    long = [coll(1, "ddp_init", ("train.py", 20)), ddp_record()] + ddp_steps(n_long - 1, site=STEP)
+    and then calls ``short_next`` (or nothing). ``extra[r]``: records rank r writes first."""
+    extra = extra or {}
+    long = extra.get(0, []) + [coll(1, "ddp_init", ("train.py", 20)), ddp_record()] + ddp_steps(n_long - 1, site=STEP)
     long += [{"t": "e", "op": "ddp_forward", "g": "0", "s": 0, "d": 5, "site": STEP, "grad": 1}]
     seq = 1 + n_long
     inflight = [["ddp_backward", "0", seq, STEP, 99000]]
-    short = [coll(1, "ddp_init", ("train.py", 20)), ddp_record()] + ddp_steps(n_short, site=STEP)
+    short = extra.get(1, []) + [coll(1, "ddp_init", ("train.py", 20)), ddp_record()] + ddp_steps(n_short, site=STEP)
     if short_next is not None:
         short.append(coll(2 + n_short, short_next, ("train.py", 40, "dist.barrier()")))
     exits = {0: long_exit or raised(GLOO_CLOSED, line=31, inflight=inflight), 1: short_exit}
@@ -158,3 +159,26 @@ def test_no_exit_list_when_the_loop_has_no_conditional_exit(tmp_path):
     (f,) = run_checks(folder, "DD006")
     assert "conditional exits" not in f.message
     assert {loc.role for loc in f.locations} == {"call", "loop"}
+
+
+def _sampler(num_samples: int, line: int, epoch: int = 0) -> dict:
+    return {"t": "sampler", "id": line, "epoch": epoch, "seed": 0, "shuffle": False, "n": 2 * num_samples,
+            "num_samples": num_samples, "total": 2 * num_samples, "replicas": 2, "srank": 0,
+            "drop_last": False, "fp": "f", "data_fp": None, "created": ("train.py", line), "site": ("train.py", line)}
+
+
+def test_sampler_hint_compares_each_sampler_with_itself(tmp_path):
+    """A training sampler (128 a rank) and a validation one (32 a rank): the rank that stopped
+    early last drew from the validation sampler; the note must not compare 128 with 32."""
+    folder = uneven_run(tmp_path, extra={0: [_sampler(32, 12), _sampler(128, 11)],
+                                         1: [_sampler(128, 11), _sampler(32, 12)]})
+    f = run_checks(folder, "DD006")[0]
+    assert "Samples per rank" not in f.message
+    assert "gives every rank the same number of samples" in f.message
+
+
+def test_sampler_hint_names_the_uneven_sampler(tmp_path):
+    folder = uneven_run(tmp_path, extra={0: [_sampler(33, 12), _sampler(128, 11)],
+                                         1: [_sampler(32, 12), _sampler(128, 11)]})
+    f = run_checks(folder, "DD006")[0]
+    assert "Samples per rank from the DistributedSampler created at train.py:12: rank 0: 33, rank 1: 32." in f.message

@@ -13,6 +13,7 @@ from ...trace.sourceinfo import loop_exits
 from ..findings import Location
 from . import _failures
 from ._failures import fmt
+from ._records import site_key
 from .base import Check, Context, Divergence
 
 _STEP_OPS = ops.DDP_STEPS
@@ -264,16 +265,23 @@ class UnevenInputs(Check):
 
     @staticmethod
     def _sampler_hint(ctx: Context, u: Uneven) -> str:
-        lens: dict[int, int] = {}
+        """Samples per rank of each DistributedSampler, matched across ranks by the line that
+        created it (a training and a validation sampler are not compared with each other)."""
+        per: dict[tuple, dict[int, int]] = defaultdict(dict)
         for r in u.steps:
-            recs = ctx.run.ranks[r].records("sampler")
-            if recs:
-                lens[r] = int(recs[-1].get("num_samples", 0) or 0)
-        if len(lens) == len(u.steps) and len(set(lens.values())) == 1:
+            for rec in ctx.run.ranks[r].records("sampler"):
+                key = site_key(ctx, r, rec.get("created")) if rec.get("created") is not None else ("?", 0)
+                per[key][r] = int(rec.get("num_samples", 0) or 0)  # the last epoch's count wins
+        if not per:
+            return ""
+        uneven = {k: v for k, v in per.items() if len(set(v.values())) > 1}
+        if uneven:
+            (f, line), lens = next(iter(uneven.items()))
+            where = f" created at {os.path.basename(f)}:{line}" if line else ""
+            return f"(Samples per rank from the DistributedSampler{where}: " + ", ".join(
+                f"rank {fmt_ranks([r])}: {n}" for r, n in sorted(lens.items())[:8]) + ".)"
+        if all(len(v) == len(u.steps) for v in per.values()):
             return ("(Their DistributedSampler gives every rank the same number of samples, so the "
                     "difference comes from elsewhere: another data source, a skipped step or a break.)")
-        if lens and len(set(lens.values())) > 1:
-            return "(Samples per rank from DistributedSampler: " + ", ".join(
-                f"rank {fmt_ranks([r])}: {n}" for r, n in sorted(lens.items())[:8]) + ".)"
         return ""
 
