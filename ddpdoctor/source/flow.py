@@ -14,7 +14,8 @@ import ast
 from typing import Protocol
 
 from .names import dotted, outer_ifexps
-from .taint import CLEAN, UNIFORMING, Evaluator, substitute
+from .shards import items
+from .taint import CLEAN, UNIFORMING, Evaluator, strip_data, substitute
 from .units import Func
 
 EXIT_CALLS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort"})
@@ -57,6 +58,18 @@ def _assigned_names(target: ast.AST, out: list[str]) -> None:
         k = dotted(target)
         if k is not None:
             out.append(k)
+
+
+def _enumerates(node: ast.AST) -> bool:
+    """``enumerate(x)``, also inside a progress bar: ``tqdm(enumerate(loader))``."""
+    while isinstance(node, ast.Call) and node.args:
+        f = dotted(node.func) or ""
+        if f.rsplit(".", 1)[-1] == "enumerate":
+            return True
+        if f.rsplit(".", 1)[-1] not in ("tqdm", "track"):
+            return False
+        node = node.args[0]
+    return False
 
 
 #: Statements without blocks, whose conditional expressions' tests are recorded.
@@ -155,6 +168,15 @@ class Walker:
         for n in names:
             self.assign(n, t)
 
+    def bind_items(self, target: ast.AST, iterable: ast.AST, it: frozenset, ctrl: frozenset) -> None:
+        """A ``for`` target: the iterable's items (``shards.items``: a sharded loader's items are
+        this rank's data); ``enumerate``'s count is not data, only the rank can make it differ."""
+        if isinstance(target, ast.Tuple) and len(target.elts) == 2 and _enumerates(iterable):
+            self.bind(target.elts[0], strip_data(it) | ctrl)
+            self.bind(target.elts[1], items(it) | ctrl)
+            return
+        self.bind(target, items(it) | ctrl)
+
     def merge(self, envs: list[dict]) -> None:
         if not envs:
             return
@@ -213,9 +235,11 @@ class Walker:
             self.merge([e for e, x in ((e1, x1), (e2, x2)) if not x] or [e1, e2])
         elif isinstance(s, (ast.For, ast.AsyncFor)):
             it = ev(s.iter)
-            self.record_test(s, it)
+            # the trip count: a list of this rank's batches is as long as the others' (a padded
+            # sampler); only the rank makes it differ (``shards``)
+            self.record_test(s, strip_data(it))
             for _ in range(2):
-                self.bind(s.target, it | ctrl)
+                self.bind_items(s.target, s.iter, it, ctrl)
                 e1, _x = self.sub(s.body, ctrl | it)
                 self.merge([self.env, e1])
             if s.orelse:

@@ -8,6 +8,7 @@ import ast
 
 from .flow import Walker
 from .names import dotted
+from .shards import strip_sources
 from .taint import CLEAN, RANK_PARAMS, Evaluator, substitute
 from .units import Facts, Func, Module
 
@@ -391,13 +392,15 @@ class Program:
             return substitute(callee.returns, params)
 
         t = Evaluator(func.module.imports, lookup, call_result, self.extra_names)(expr)
-        return substitute(t, func.param_taint)
+        return strip_sources(substitute(t, func.param_taint))
 
     def test_taint(self, func: Func, node: ast.AST) -> frozenset:
+        """The taint of a recorded condition (a ``for``'s: its iterable). A sharded loader is the
+        same length everywhere (``shards``): only its items are this rank's data."""
         t = func.facts.tests.get(id(node))
         if t is None:
             return CLEAN
-        return substitute(t, func.param_taint)
+        return strip_sources(substitute(t, func.param_taint))
 
     def func_at(self, module: Module, line: int) -> Func:
         """The innermost function of ``module`` whose source spans ``line`` (else its top level)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 from typing import Callable
 
+from . import shards
 from .names import Imports, dotted
 
 Taint = frozenset
@@ -95,12 +96,16 @@ def is_heuristic(taint: frozenset) -> bool:
 
 
 def describe(taint: frozenset) -> str:
-    """The most telling reason, for a message."""
-    concrete = sorted(r for r in taint if not r.lstrip("~").startswith("@"))
+    """The most telling reason, for a message (the rank before this rank's data)."""
+    concrete = sorted((r for r in taint if not r.lstrip("~").startswith(("@", shards.SOURCE))),
+                      key=lambda r: (r.lstrip("~").startswith(shards.DATA), r))
     if not concrete:
         return "a parameter"
     sure = [r for r in concrete if not r.startswith("~")]
-    return (sure or concrete)[0].lstrip("~")
+    best = (sure or concrete)[0]
+    if best.lstrip("~").startswith(shards.DATA):
+        return shards.describe_data(best)
+    return best.lstrip("~")
 
 
 def env_key(node: ast.AST) -> str | None:
@@ -189,9 +194,14 @@ class Evaluator:
             return CLEAN
         if attr in RANK_ATTRS or attr in self.extra:
             return frozenset({f"`{key or '.' + attr}`"})
+        base = self(node.value)
+        if attr in shards.SHAPE_ATTRS:  # a batch's shape: the same on every rank of a padded sampler
+            return strip_data(base)
         # A field of a rank-dependent object: the analysis does not track fields one by one, so
-        # this field may well be the same everywhere (a config, a test case): not sure.
-        return weaken(self(node.value))
+        # this field may well be the same everywhere (a config, a test case): not sure. A field
+        # of this rank's data (`batch.x`, `out.logits`) is data; a loader's field is not its items.
+        return frozenset(r if r.startswith(shards.DATA) else "~" + r.lstrip("~")
+                         for r in shards.strip_sources(base))
 
     def _Subscript(self, node: ast.Subscript):
         k = env_key(node)
@@ -210,7 +220,7 @@ class Evaluator:
     def _comp(self, node, parts):
         out = CLEAN
         for g in node.generators:
-            out = out | self(g.iter)
+            out = out | shards.items(self(g.iter))
             for cond in g.ifs:
                 out = out | self(cond)
         # the element's own taint (names bound by the comprehension carry the iterable's)
@@ -237,6 +247,9 @@ class Evaluator:
         last = canon.rsplit(".", 1)[-1] if canon else (func.attr if isinstance(func, ast.Attribute) else "")
         if canon in RANK_FUNCS:
             return frozenset({f"{dotted(func)}() (line {node.lineno})"})
+        data = self._data_call(node, func, last)
+        if data is not None:
+            return data
         if canon in UNIFORM_FUNCS or last in UNIFORM_FUNC_NAMES:
             return CLEAN
         if canon.startswith("torch.distributed.") and last in UNIFORMING:
@@ -278,7 +291,42 @@ class Evaluator:
             out = out | t
         if isinstance(func, ast.Attribute):
             out = out | self(func.value)
-        return out
+        if last.endswith("Loader") or last in shards.ITEM_PASSING:
+            return out  # a loader built on a sharded sampler, or handing on its items: still sharded
+        # anything else computed from a loader object (`model.parameters()` of a prepared model,
+        # `loader.dataset`) is not its items
+        return shards.strip_sources(out)
+
+    def _data_call(self, node: ast.Call, func: ast.AST, last: str) -> frozenset | None:
+        """Calls that start, pass on or end per-rank data (see ``shards``); None for the others."""
+        line = node.lineno
+        if last in shards.SAMPLERS:
+            for a in node.args:
+                self(a)
+            for kw in node.keywords:
+                self(kw.value)
+            return shards.source(f"`{last}`", line)
+        if isinstance(func, ast.Attribute) and func.attr == "prepare" and \
+                (dotted(func.value) or "").rsplit(".", 1)[-1] in ("accelerator", "accel", "fabric"):
+            out = CLEAN
+            for a in node.args:
+                out = out | self(a)
+            return shards.strip_sources(out) | shards.source(f"`{dotted(func)}()`", line)
+        if last == "next" and isinstance(func, ast.Name) and node.args:
+            return shards.items(self(node.args[0]))
+        if last == "len" and isinstance(func, ast.Name) and node.args:
+            return strip_data(self(node.args[0]))  # a batch's length: the same on every rank
+        if isinstance(func, ast.Attribute) and func.attr in shards.SHAPE_METHODS:
+            out = strip_data(self(func.value))
+            for a in node.args:
+                out = out | self(a)
+            return out
+        return None
+
+
+def strip_data(taint: frozenset) -> frozenset:
+    """Without this rank's data and sources: what a shape read keeps (the rank, if any)."""
+    return frozenset(r for r in taint if not r.lstrip("~").startswith((shards.DATA, shards.SOURCE)))
 
 
 def weaken(taint: frozenset) -> frozenset:
@@ -289,16 +337,19 @@ def weaken(taint: frozenset) -> frozenset:
 
 
 def substitute(taint: frozenset, params: list[frozenset]) -> frozenset:
-    """Replace ``@N`` markers (``~@N``: weakened) by the taint of the N-th argument."""
+    """Replace ``@N`` markers (``~@N``: weakened) by the taint of the N-th argument (``@N*``:
+    of its items, ``shards.items``)."""
     if not any(r.startswith(("@", "~@")) for r in taint):
         return taint
     out = set()
     for r in taint:
         if r.startswith("@") or r.startswith("~@"):
             weak = r.startswith("~")
-            i = int(r.lstrip("~@"))
+            body = r.lstrip("~@")
+            i = int(body.rstrip("*"))
             if i < len(params):
-                out |= weaken(params[i]) if weak else params[i]
+                p = shards.items(params[i]) if body.endswith("*") else params[i]
+                out |= weaken(p) if weak else p
         else:
             out.add(r)
     return frozenset(out)

@@ -182,3 +182,29 @@ def test_sampler_hint_names_the_uneven_sampler(tmp_path):
                                          1: [_sampler(32, 12), _sampler(128, 11)]})
     f = run_checks(folder, "DD006")[0]
     assert "Samples per rank from the DistributedSampler created at train.py:12: rank 0: 33, rank 1: 32." in f.message
+
+
+def test_an_exit_on_this_ranks_own_data_is_named_first_with_why(tmp_path):
+    """Two exits: one on the epoch count (the same everywhere), one on a validation loss computed
+    from a DistributedSampler's shard (source/shards.py): the second is listed first, with why."""
+    src = tmp_path / "train.py"
+    src.write_text("from torch.utils.data import DataLoader, DistributedSampler\n"
+                   "val = DataLoader(vs, sampler=DistributedSampler(vs))\n"
+                   + "import torch\n" * 25 + "for epoch in range(99):\n"  # line 28
+                   "    pass\n"
+                   "    loss = model(x)\n"  # line 30
+                   "    if epoch > 90:\n"
+                   "        break\n"
+                   "    v = sum(float(b) for b in val)\n"
+                   "    if v < best:\n"  # line 34
+                   "        break\n")
+    step = (str(src), 30, "loss = model(x)", [[str(src), 28, "for epoch in range(99):", "for"]])
+    long = [coll(1, "ddp_init", (str(src), 20)), ddp_record()] + ddp_steps(4, site=step)
+    long += [{"t": "e", "op": "ddp_forward", "g": "0", "s": 0, "d": 5, "site": step, "grad": 1}]
+    short = [coll(1, "ddp_init", (str(src), 20)), ddp_record()] + ddp_steps(4, site=step)
+    folder = write_run(tmp_path / "run", {0: long, 1: short},
+                       exits={0: raised(GLOO_CLOSED, line=31, inflight=[["ddp_backward", "0", 6, step, 99000]])})
+    (f,) = run_checks(folder, "DD006")
+    assert ("conditional exits (train.py:35 `break` under train.py:34 `if v < best:`, which depends on the rank "
+            "through this rank's own share of the data (`DistributedSampler`, line 2); train.py:32 `break` under "
+            "train.py:31 `if epoch > 90:`)") in " ".join(f.message.split())

@@ -10,6 +10,7 @@ from ddpdoctor.trace.ranges import fmt_ranks
 
 from ...trace import ops
 from ...trace.sourceinfo import loop_exits
+from ...verdict import rankdep
 from ..findings import Location
 from . import _failures
 from ._failures import fmt
@@ -224,7 +225,14 @@ class UnevenInputs(Check):
         if not exits:
             return ""
         base = os.path.basename(loop.file)
-        listed = "; ".join(f"{base}:{e[0]} `{e[1]}` under {base}:{e[2]} `{e[3]}`" for e in exits)
+        # the static analysis of the source: a condition on the rank or on this rank's own data
+        # (a local validation loss) is the likely exit; named first, with why
+        judged = [(e, rankdep.judge(loop.file, e[2], e[3])) for e in exits]
+        judged.sort(key=lambda ej: ej[1].state != "yes")
+        exits = [e for e, _j in judged]
+        listed = "; ".join(f"{base}:{e[0]} `{e[1]}` under {base}:{e[2]} `{e[3]}`"
+                           + (f", which {j.reason}" if j.state == "yes" and j.reason else "")
+                           for e, j in judged)
         for e in exits:
             locations.append(Location(left[0], loop.file, e[2], "", e[3], "condition"))
             locations.append(Location(left[0], loop.file, e[0], "", e[1], "exit"))
