@@ -72,6 +72,14 @@ def _enumerates(node: ast.AST) -> bool:
     return False
 
 
+#: Methods that put their arguments into the object they are called on.
+MUTATORS = frozenset({"append", "extend", "insert", "add", "update", "appendleft", "put", "push", "setdefault"})
+#: Methods named for a collective: the object is the same on every rank afterwards (the
+#: AverageMeter of pytorch/examples' ImageNet script, DETR's and DeiT's MetricLogger).
+SYNC_METHODS = frozenset({"all_reduce", "allreduce", "sync", "synchronize", "synchronize_between_processes",
+                          "sync_dist", "reduce_from_all_processes"})
+
+
 #: Statements without blocks, whose conditional expressions' tests are recorded.
 _SIMPLE = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr, ast.Return)
 
@@ -223,6 +231,7 @@ class Walker:
             self.bind(s.target, t)
         elif isinstance(s, ast.Expr):
             ev(s.value)
+            self.mutation(s.value, ctrl)
             self.after_calls(s.value)
         elif isinstance(s, ast.Return):
             self.returns = self.returns | ev(s.value) | ctrl
@@ -290,6 +299,27 @@ class Walker:
     def record_test(self, node: ast.AST, t: frozenset) -> None:
         if self.final:
             self.facts.tests[id(node)] = t
+
+    def mutation(self, expr: ast.AST, ctrl: frozenset) -> None:
+        """``losses.append(loss.item())`` / ``meter.update(loss.item())``: the container now holds
+        what was put in it. ``meter.all_reduce()`` / ``logger.synchronize_between_processes()``:
+        a method named for a collective made the object the same on every rank."""
+        if not (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)):
+            return
+        key = dotted(expr.func.value)
+        if key is None or key not in self.env:
+            return  # an object of another scope, or a module: not tracked here
+        name = expr.func.attr
+        if name in SYNC_METHODS:
+            self.env[key] = CLEAN
+        elif name in MUTATORS:
+            t = CLEAN
+            for a in expr.args:
+                t = t | self.ev(a)
+            for kw in expr.keywords:
+                t = t | self.ev(kw.value)
+            if t or ctrl:
+                self.assign(key, t | ctrl, weak=True)
 
     def after_calls(self, expr: ast.AST) -> None:
         """An in-place collective over the whole world makes its tensor/list uniform."""

@@ -142,3 +142,41 @@ def test_the_offline_analysis_sees_the_same_dependence():
     verdict = condition_is_rank_dependent(src, line)
     assert verdict.state == "yes" and "own share of the data" in verdict.reason
     assert condition_is_rank_dependent(src, line + 2).state == "no"
+
+
+def test_a_list_of_local_losses_and_a_meter_synchronised_by_its_own_method():
+    src = """\
+class Meter:
+    def __init__(self):
+        self.sum, self.n = 0.0, 0
+
+    def update(self, v, n=1):
+        self.sum += v * n
+        self.n += n
+
+    def all_reduce(self):
+        t = torch.tensor([self.sum, self.n])
+        dist.all_reduce(t)
+        self.sum, self.n = t.tolist()
+
+def validate(loader):
+    losses = []
+    meter = Meter()
+    for x, y in loader:
+        loss = ((model.module(x) - y) ** 2).mean()
+        losses.append(loss.item())
+        meter.update(loss.item(), len(x))
+    SYNC
+    return RESULT
+
+for epoch in range(10):
+    for x, y in train:
+        ((model(x) - y) ** 2).mean().backward()
+    if validate(val) < 0.1:
+        break
+"""
+    # the mean of a list of this rank's losses: early stopping on it is the bug
+    assert found(src.replace("SYNC", "pass").replace("RESULT", "sum(losses) / len(losses)")) == \
+        [("DD001", "error", 27)]
+    # the meter, all-reduced by its own method before its average is read: silent
+    assert found(src.replace("SYNC", "meter.all_reduce()").replace("RESULT", "meter.sum / meter.n")) == []
