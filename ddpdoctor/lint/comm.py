@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ..source.names import dotted, outer_ifexps
 from ..source.program import Program
 from ..source.units import Func, walk_scope
+from . import callconsts
 
 COLLECTIVES = frozenset({
     "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "_all_gather_base",
@@ -74,6 +75,7 @@ class CommModel:
         self._kind: dict = {}
         self._calls: dict[int, list] = {}
         self._stmt: dict[int, list] = {}
+        self._given: dict[tuple, list] = {}
 
     # -- kinds of values -------------------------------------------------------------------------
     def kind(self, expr: ast.AST, func: Func, line: int, depth: int = 0) -> tuple | None:
@@ -350,7 +352,7 @@ class CommModel:
             self._calls[id(node)] = got
         return got
 
-    def events_of_call(self, call: ast.Call, func: Func) -> list[tuple]:
+    def events_of_call(self, call: ast.Call, func: Func, consts: dict | None = None) -> list[tuple]:
         c = self.classify(call, func)
         if c is None:
             return []
@@ -358,8 +360,10 @@ class CommModel:
             if c.p2p or c.subgroup:
                 return []
             return [(c.key, c)]
+        # the helper's branches that this call's constant arguments decide (callconsts)
+        inner = callconsts.bound(call, c, self.prog.resolve(call, func)[1], consts or {})
         out = []
-        for key, ev in self.seq(c):
+        for key, ev in (self.seq_given(c, inner) if inner else self.seq(c)):
             out.append((key, Comm(ev.op, call.lineno, ev.sure, ev.what, ev.p2p, ev.subgroup,
                                   ((c.name, ev.line, c.module.display),) + ev.via)))
         return out
@@ -381,45 +385,69 @@ class CommModel:
         self._seq[id(func)] = out
         return out
 
-    def block(self, stmts: list[ast.stmt], func: Func) -> list[tuple]:
-        out: list[tuple] = []
-        for s in stmts:
-            out.extend(self.stmt(s, func))
+    def seq_given(self, func: Func, consts: dict) -> list[tuple]:
+        """The function's sequence when its parameters ``consts`` hold those constants: the
+        branches they decide are taken alone (``callconsts``)."""
+        key = (id(func), tuple(sorted((k, repr(v)) for k, v in consts.items())))
+        got = self._given.get(key)
+        if got is not None:
+            return got
+        if id(func) in self._busy:
+            return []
+        self._busy.add(id(func))
+        try:
+            out = self.block(func.body, func, consts)
+        except RecursionError:
+            out = []
+        self._busy.discard(id(func))
+        self._given[key] = out
         return out
 
-    def stmt(self, s: ast.stmt, func: Func) -> list[tuple]:
+    def block(self, stmts: list[ast.stmt], func: Func, consts: dict | None = None) -> list[tuple]:
+        out: list[tuple] = []
+        for s in stmts:
+            out.extend(self.stmt(s, func, consts))
+        return out
+
+    def stmt(self, s: ast.stmt, func: Func, consts: dict | None = None) -> list[tuple]:
+        if consts:
+            return self._stmt_events(s, func, consts)
         got = self._stmt.get(id(s))
         if got is None:
             got = self._stmt[id(s)] = self._stmt_events(s, func)
         return got
 
-    def _stmt_events(self, s: ast.stmt, func: Func) -> list[tuple]:
+    def _stmt_events(self, s: ast.stmt, func: Func, consts: dict | None = None) -> list[tuple]:
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return []
         if isinstance(s, ast.If):
-            head = self.expr_events(s.test, func)
-            a, b = self.block(s.body, func), self.block(s.orelse, func)
+            head = self.expr_events(s.test, func, consts)
+            taken = callconsts.decide(s.test, consts) if consts else None
+            if taken is not None:
+                return head + self.block(s.body if taken else s.orelse, func, consts)
+            a, b = self.block(s.body, func, consts), self.block(s.orelse, func, consts)
             if keys(a) == keys(b):
                 return head + a
             first = (a or b)[0][1]
             return head + [(("choice", keys(a), keys(b)), first)]
         if isinstance(s, (ast.For, ast.AsyncFor, ast.While)):
-            head = self.expr_events(s.iter if not isinstance(s, ast.While) else s.test, func)
-            body = self.block(s.body, func)
+            head = self.expr_events(s.iter if not isinstance(s, ast.While) else s.test, func, consts)
+            body = self.block(s.body, func, consts)
             out = head + ([(("loop", keys(body)), body[0][1])] if body else [])
-            return out + self.block(s.orelse, func)
+            return out + self.block(s.orelse, func, consts)
         if isinstance(s, (ast.With, ast.AsyncWith)):
             head = []
             for it in s.items:
-                head += self.expr_events(it.context_expr, func)
-            return head + self.block(s.body, func)
+                head += self.expr_events(it.context_expr, func, consts)
+            return head + self.block(s.body, func, consts)
         if isinstance(s, ast.Try) or type(s).__name__ == "TryStar":
-            return self.block(s.body, func) + self.block(s.orelse, func) + self.block(s.finalbody, func)
+            return self.block(s.body, func, consts) + self.block(s.orelse, func, consts) + \
+                self.block(s.finalbody, func, consts)
         if type(s).__name__ == "Match":
-            return self.expr_events(s.subject, func)
-        return self.expr_events(s, func)
+            return self.expr_events(s.subject, func, consts)
+        return self.expr_events(s, func, consts)
 
-    def expr_events(self, node: ast.AST, func: Func) -> list[tuple]:
+    def expr_events(self, node: ast.AST, func: Func, consts: dict | None = None) -> list[tuple]:
         calls = self.calls_in(node, func)
         if not calls:
             return []
@@ -429,13 +457,17 @@ class CommModel:
         for call in calls:
             owner = next((x for x in branches if _within(call, x)), None)
             if owner is None:
-                out.extend(self.events_of_call(call, func))
+                out.extend(self.events_of_call(call, func, consts))
             elif id(owner) not in done:
                 # `a() if cond else b()`: the test, then one side, as for an `if` statement (a
                 # collective on one side only is a choice, not a call every rank makes)
                 done.add(id(owner))
-                a, b = self.expr_events(owner.body, func), self.expr_events(owner.orelse, func)
-                out.extend(self.expr_events(owner.test, func))
+                out.extend(self.expr_events(owner.test, func, consts))
+                taken = callconsts.decide(owner.test, consts) if consts else None
+                if taken is not None:
+                    out.extend(self.expr_events(owner.body if taken else owner.orelse, func, consts))
+                    continue
+                a, b = self.expr_events(owner.body, func, consts), self.expr_events(owner.orelse, func, consts)
                 if keys(a) == keys(b):
                     out.extend(a)
                 elif a or b:
