@@ -13,69 +13,9 @@ the helper, a test reading another value) stays undecided: both branches, as bef
 from __future__ import annotations
 
 import ast
-import operator
 
+from ..source.consts import MISSING, literal
 from ..source.units import Func
-
-_MISSING = object()
-_CMP = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-        ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not,
-        ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
-_LITERALS = (int, float, str, bool, type(None))
-
-
-def _literal(node: ast.AST, consts: dict):
-    """The value of a literal (or of a parameter bound to one), else _MISSING."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, _LITERALS):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        v = _literal(node.operand, consts)
-        return -v if isinstance(v, (int, float)) and not isinstance(v, bool) else _MISSING
-    if isinstance(node, ast.Name):
-        return consts.get(node.id, _MISSING)
-    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-        vals = [_literal(e, consts) for e in node.elts]
-        if any(v is _MISSING for v in vals):
-            return _MISSING
-        return frozenset(vals) if isinstance(node, ast.Set) else tuple(vals)
-    return _MISSING
-
-
-def decide(test: ast.AST, consts: dict):
-    """True/False when ``test`` reads only ``consts`` and literals; None when undecided."""
-    if not consts:
-        return None
-    if isinstance(test, ast.BoolOp):
-        vals = [decide(v, consts) for v in test.values]
-        if isinstance(test.op, ast.And):
-            if any(v is False for v in vals):
-                return False
-            return True if all(v is True for v in vals) else None
-        if any(v is True for v in vals):
-            return True
-        return False if all(v is False for v in vals) else None
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        v = decide(test.operand, consts)
-        return None if v is None else not v
-    if isinstance(test, ast.Compare):
-        left = _literal(test.left, consts)
-        if left is _MISSING:
-            return None
-        for op, right_node in zip(test.ops, test.comparators):
-            right = _literal(right_node, consts)
-            fn = _CMP.get(type(op))
-            if right is _MISSING or fn is None:
-                return None
-            try:
-                ok = fn(left, right)
-            except TypeError:
-                return None
-            if not ok:
-                return False
-            left = right
-        return True
-    v = _literal(test, consts)
-    return None if v is _MISSING else bool(v)
 
 
 def _assigned(func: Func) -> set[str]:
@@ -107,20 +47,20 @@ def bound(call: ast.Call, callee: Func, bound_self: bool, outer: dict) -> dict:
     given: set[str] = set()
     for name, arg in zip(positional, call.args):
         given.add(name)
-        v = _literal(arg, outer)
-        if v is not _MISSING:
+        v = literal(arg, outer)
+        if v is not MISSING:
             out[name] = v
     for kw in call.keywords:
         given.add(kw.arg)
-        v = _literal(kw.value, outer)
-        if v is not _MISSING:
+        v = literal(kw.value, outer)
+        if v is not MISSING:
             out[kw.arg] = v
     defaults = list(zip([p.arg for p in a.args][len(a.args) - len(a.defaults):], a.defaults))
     defaults += [(p.arg, d) for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
     for name, d in defaults:
         if name not in given:
-            v = _literal(d, {})
-            if v is not _MISSING:
+            v = literal(d, {})
+            if v is not MISSING:
                 out[name] = v
     if out:
         rebound = _assigned(callee)

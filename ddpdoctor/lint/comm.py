@@ -14,6 +14,7 @@ import ast
 import bisect
 from dataclasses import dataclass
 
+from ..source.consts import decide
 from ..source.names import dotted, outer_ifexps
 from ..source.program import Program
 from ..source.units import Func, walk_scope
@@ -422,7 +423,7 @@ class CommModel:
             return []
         if isinstance(s, ast.If):
             head = self.expr_events(s.test, func, consts)
-            taken = callconsts.decide(s.test, consts) if consts else None
+            taken = decide(s.test, consts) if consts else None
             if taken is not None:
                 return head + self.block(s.body if taken else s.orelse, func, consts)
             a, b = self.block(s.body, func, consts), self.block(s.orelse, func, consts)
@@ -463,7 +464,7 @@ class CommModel:
                 # collective on one side only is a choice, not a call every rank makes)
                 done.add(id(owner))
                 out.extend(self.expr_events(owner.test, func, consts))
-                taken = callconsts.decide(owner.test, consts) if consts else None
+                taken = decide(owner.test, consts) if consts else None
                 if taken is not None:
                     out.extend(self.expr_events(owner.body if taken else owner.orelse, func, consts))
                     continue

@@ -13,9 +13,10 @@ from __future__ import annotations
 import ast
 from typing import Protocol
 
+from .consts import decide
 from .names import dotted, outer_ifexps
 from .shards import items
-from .taint import CLEAN, UNIFORMING, Evaluator, strip_data, substitute
+from .taint import CLEAN, PASS_THROUGH, UNIFORMING, Evaluator, presence_test, strip_data, substitute
 from .units import Func
 
 EXIT_CALLS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort"})
@@ -58,6 +59,31 @@ def _assigned_names(target: ast.AST, out: list[str]) -> None:
         k = dotted(target)
         if k is not None:
             out.append(k)
+
+
+def _distributed_side(test: ast.AST) -> bool | None:
+    """For a test of whether the rank is set at all (``RANK != -1``, ``local_rank is None``): True
+    when the ``if`` body is the distributed side, False when the else is, None for other tests."""
+    if not (isinstance(test, ast.Compare) and presence_test(test)):
+        return None
+    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    if len(names) != 1:
+        return None
+    name = names.pop()
+    for unset in (-1, None):
+        a, b = decide(test, {name: unset}), decide(test, {name: 0})
+        if a is not None and b is not None and a != b:
+            return b
+    return None
+
+
+def _rewraps(s: ast.Assign) -> bool:
+    """``x = tqdm(x, ...)``: a progress bar (or ``enumerate``) around the value itself."""
+    v = s.value
+    if len(s.targets) != 1 or not isinstance(v, ast.Call) or not v.args:
+        return False
+    last = (dotted(v.func) or "").rsplit(".", 1)[-1].lower()
+    return last in PASS_THROUGH and dotted(v.args[0]) is not None and dotted(v.args[0]) == dotted(s.targets[0])
 
 
 def _enumerates(node: ast.AST) -> bool:
@@ -112,6 +138,8 @@ class Walker:
         for i, p in enumerate(func.params):
             self.env[p] = frozenset({f"@{i}"})
         self.returns = CLEAN
+        self.displays: dict[str, frozenset] = {}  # list -> names its display read (`[stop]`)
+        self.broadcast: dict[str, tuple] = {}  # list broadcast from a source rank -> (names, src)
         self.ev = Evaluator(func.module.imports, self._lookup, self._call_result, prog.extra_names)
 
     # -- lookups -----------------------------------------------------------------------------------
@@ -218,10 +246,14 @@ class Walker:
             for x in outer_ifexps(s):  # `a() if cond else b()`: a condition like an `if`'s
                 self.record_test(x, ev(x.test))
         if isinstance(s, ast.Assign):
-            t = ev(s.value) | ctrl
+            t = ev(s.value)
+            if not _rewraps(s):  # `pbar = tqdm(pbar)` on rank 0 only: the same items everywhere
+                t = t | ctrl
             for tgt in s.targets:
                 self.bind(tgt, t, s.value, ctrl)
             self.after_calls(s.value)
+            if len(s.targets) == 1 and isinstance(s.targets[0], ast.Name):
+                self.note_display(s.targets[0].id, s.value)
         elif isinstance(s, ast.AnnAssign):
             if s.value is not None:
                 self.bind(s.target, ev(s.value) | ctrl, s.value, ctrl)
@@ -241,7 +273,13 @@ class Walker:
             c = ctrl | t
             e1, x1 = self.sub(s.body, c)
             e2, x2 = self.sub(s.orelse, c)
-            self.merge([e for e, x in ((e1, x1), (e2, x2)) if not x] or [e1, e2])
+            side = _distributed_side(s.test)
+            if side is not None and not (x1 if side else x2):
+                # `if RANK != -1:` (DDP) vs a single process: rank dependence exists on one side only
+                self.env = e1 if side else e2
+            else:
+                self.merge([e for e, x in ((e1, x1), (e2, x2)) if not x] or [e1, e2])
+            self.took_broadcast(s)
         elif isinstance(s, (ast.For, ast.AsyncFor)):
             it = ev(s.iter)
             # the trip count: a list of this rank's batches is as long as the others' (a padded
@@ -321,6 +359,37 @@ class Walker:
             if t or ctrl:
                 self.assign(key, t | ctrl, weak=True)
 
+    def note_display(self, key: str, value: ast.AST) -> None:
+        if isinstance(value, (ast.List, ast.Tuple)):
+            self.displays[key] = frozenset(n.id for e in value.elts for n in ast.walk(e) if isinstance(n, ast.Name))
+        else:
+            self.displays.pop(key, None)
+            self.broadcast.pop(key, None)
+
+    def took_broadcast(self, s: ast.If) -> None:
+        """``objs = [stop if RANK == 0 else None]; broadcast_object_list(objs, 0)`` then ``if
+        RANK != 0: stop = objs[0]``: the source rank kept the value it sent, every other rank took
+        it, so ``stop`` is the same everywhere (YOLOv5's early stopping). Only when the branch is
+        skipped on the source rank alone (its test decided for ranks 0-7) and has no else."""
+        if s.orelse or not self.broadcast:
+            return
+        names = {n.id for n in ast.walk(s.test) if isinstance(n, ast.Name)}
+        if len(names) != 1:
+            return
+        rank_name = names.pop()
+        for st in s.body:
+            if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
+                    and isinstance(st.value, ast.Subscript)):
+                continue
+            got = self.broadcast.get(dotted(st.value.value) or "")
+            v = st.targets[0].id
+            if got is None or v not in got[0]:
+                continue
+            src = got[1]
+            if decide(s.test, {rank_name: src}) is False and \
+                    all(decide(s.test, {rank_name: r}) is True for r in range(8) if r != src):
+                self.env[v] = CLEAN
+
     def after_calls(self, expr: ast.AST) -> None:
         """An in-place collective over the whole world makes its tensor/list uniform."""
         if not isinstance(expr, ast.Call):
@@ -340,3 +409,8 @@ class Walker:
         key = dotted(arg) if arg is not None else None
         if key is not None:
             self.env[key] = CLEAN
+            if name == "broadcast_object_list" and key in self.displays:
+                src = expr.args[1] if len(expr.args) > 1 else next(
+                    (k.value for k in expr.keywords if k.arg == "src"), ast.Constant(0))
+                if isinstance(src, ast.Constant) and isinstance(src.value, int):
+                    self.broadcast[key] = (self.displays[key], src.value)

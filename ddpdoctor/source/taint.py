@@ -82,6 +82,10 @@ UNIFORMING = {
     "all_gather_object": (0, "object_list"), "all_reduce_coalesced": (0, "tensors"),
 }
 SENTINELS = (-1, None)
+#: Keyword arguments of a DataLoader that change neither its items nor how many there are.
+LOADER_KWARGS = frozenset({"num_workers", "worker_init_fn", "generator", "pin_memory", "pin_memory_device",
+                           "prefetch_factor", "persistent_workers", "timeout", "multiprocessing_context",
+                           "in_order", "collate_fn"})
 #: Calls whose items are their first argument's (a progress bar, a counter).
 PASS_THROUGH = frozenset({"tqdm", "trange", "enumerate", "track", "Progress"})
 #: Methods and keyword arguments that place a value on this rank's device without changing it.
@@ -130,7 +134,7 @@ def _is_sentinel(node: ast.AST) -> bool:
         isinstance(node.operand, ast.Constant) and node.operand.value == 1
 
 
-def _presence_test(node: ast.Compare) -> bool:
+def presence_test(node: ast.Compare) -> bool:
     """``x != -1``, ``x is None``, ``x >= 0``, ``"RANK" in os.environ``: whether a rank is set at
     all, which is the same on every rank of a job."""
     if len(node.ops) != 1:
@@ -210,7 +214,7 @@ class Evaluator:
         return self(node.value) | self(node.slice)
 
     def _Compare(self, node: ast.Compare):
-        if _presence_test(node):
+        if presence_test(node):
             return CLEAN
         out = self(node.left)
         for c in node.comparators:
@@ -273,10 +277,12 @@ class Evaluator:
                 self(a)  # still walked: names read here are recorded
             return out
         args = [self(a) for a in node.args]
+        loader = last.lower().endswith("loader")
         kws = {}
         for kw in node.keywords:
             t = self(kw.value)
-            kws[kw.arg or "**"] = CLEAN if kw.arg in PLACEMENT_KWARGS else t
+            # a loader's workers, seeds and memory pinning change neither its items nor their count
+            kws[kw.arg or "**"] = CLEAN if kw.arg in PLACEMENT_KWARGS or (loader and kw.arg in LOADER_KWARGS) else t
         res = self.call_result(node, args, kws)
         if res is not None:
             return res
@@ -291,7 +297,7 @@ class Evaluator:
             out = out | t
         if isinstance(func, ast.Attribute):
             out = out | self(func.value)
-        if last.endswith("Loader") or last in shards.ITEM_PASSING:
+        if loader or last in shards.ITEM_PASSING:
             return out  # a loader built on a sharded sampler, or handing on its items: still sharded
         # anything else computed from a loader object (`model.parameters()` of a prepared model,
         # `loader.dataset`) is not its items

@@ -8,9 +8,9 @@ from __future__ import annotations
 import ast
 import textwrap
 
-from ddpdoctor.lint.callconsts import decide
 from ddpdoctor.lint.config import LintConfig
 from ddpdoctor.lint.engine import lint_modules
+from ddpdoctor.source.consts import decide
 from ddpdoctor.source.units import Module
 
 SRC = """\

@@ -180,3 +180,48 @@ for epoch in range(10):
         [("DD001", "error", 27)]
     # the meter, all-reduced by its own method before its average is read: silent
     assert found(src.replace("SYNC", "meter.all_reduce()").replace("RESULT", "meter.sum / meter.n")) == []
+
+
+def test_yolov5s_early_stopping_broadcast_from_rank_0_is_silent():
+    """YOLOv5 (train.py): rank 0 decides, broadcasts its `stop` in an object list, and only the
+    other ranks take the list's value: the same everywhere. Inside `if RANK != -1:` (DDP), whose
+    other side is a single process."""
+    src = """\
+import os
+RANK = int(os.getenv("RANK", -1))
+stop = False
+for epoch in range(100):
+    for x, y in train:
+        ((model(x) - y) ** 2).mean().backward()
+    if RANK in {-1, 0}:
+        stop = epoch > 50
+    if RANK != -1:
+        objs = [stop if RANK == 0 else None]
+        dist.broadcast_object_list(objs, 0)
+        if RANK != 0:
+            stop = objs[0]
+    if stop:
+        break
+"""
+    assert found(src) == []
+    # taken by rank 1 only: rank 2's own value stays, and differs
+    assert [f[0] for f in found(src.replace("if RANK != 0:\n", "if RANK == 1:\n"))] == ["DD001"]
+    # sent from rank 1, kept by rank 0: rank 0's own value is not what was sent
+    assert [f[0] for f in found(src.replace("broadcast_object_list(objs, 0)", "broadcast_object_list(objs, 1)"))] \
+        == ["DD001"]
+
+
+def test_a_progress_bar_on_rank_0_and_a_rank_seeded_loader_generator_keep_the_loop_uniform():
+    assert found("""\
+import os
+RANK = int(os.getenv("RANK", -1))
+g = torch.Generator()
+g.manual_seed(1234 + RANK)
+loader = DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds, shuffle=False), generator=g,
+                    num_workers=RANK + 1)
+pbar = enumerate(loader)
+if RANK in {-1, 0}:
+    pbar = tqdm(pbar, total=len(loader))
+for i, (x, y) in pbar:
+    ((model(x) - y) ** 2).mean().backward()
+""") == []
