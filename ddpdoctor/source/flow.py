@@ -138,7 +138,8 @@ class Walker:
         for i, p in enumerate(func.params):
             self.env[p] = frozenset({f"@{i}"})
         self.returns = CLEAN
-        self.displays: dict[str, frozenset] = {}  # list -> names its display read (`[stop]`)
+        self.displays: dict[str, frozenset] = {}  # list -> names and element dumps of its display
+        self.last_value: dict[str, str] = {}  # name -> ast.dump of the value last assigned to it
         self.broadcast: dict[str, tuple] = {}  # list broadcast from a source rank -> (names, src)
         self.ev = Evaluator(func.module.imports, self._lookup, self._call_result, prog.extra_names)
 
@@ -254,6 +255,7 @@ class Walker:
             self.after_calls(s.value)
             if len(s.targets) == 1 and isinstance(s.targets[0], ast.Name):
                 self.note_display(s.targets[0].id, s.value)
+                self.last_value[s.targets[0].id] = ast.dump(s.value)
         elif isinstance(s, ast.AnnAssign):
             if s.value is not None:
                 self.bind(s.target, ev(s.value) | ctrl, s.value, ctrl)
@@ -271,6 +273,7 @@ class Walker:
             t = ev(s.test)
             self.record_test(s, t)
             c = ctrl | t
+            before = dict(self.last_value)
             e1, x1 = self.sub(s.body, c)
             e2, x2 = self.sub(s.orelse, c)
             side = _distributed_side(s.test)
@@ -279,7 +282,7 @@ class Walker:
                 self.env = e1 if side else e2
             else:
                 self.merge([e for e, x in ((e1, x1), (e2, x2)) if not x] or [e1, e2])
-            self.took_broadcast(s)
+            self.took_broadcast(s, before)
         elif isinstance(s, (ast.For, ast.AsyncFor)):
             it = ev(s.iter)
             # the trip count: a list of this rank's batches is as long as the others' (a padded
@@ -361,12 +364,17 @@ class Walker:
 
     def note_display(self, key: str, value: ast.AST) -> None:
         if isinstance(value, (ast.List, ast.Tuple)):
-            self.displays[key] = frozenset(n.id for e in value.elts for n in ast.walk(e) if isinstance(n, ast.Name))
+            # what the source rank sent: the names read, and each element (either side of
+            # `stop if RANK == 0 else None`) as text, to match `stop = <the same expression>`
+            sent = {n.id for e in value.elts for n in ast.walk(e) if isinstance(n, ast.Name)}
+            for e in value.elts:
+                sent.update(ast.dump(x) for x in ((e.body, e.orelse) if isinstance(e, ast.IfExp) else (e,)))
+            self.displays[key] = frozenset(sent)
         else:
             self.displays.pop(key, None)
             self.broadcast.pop(key, None)
 
-    def took_broadcast(self, s: ast.If) -> None:
+    def took_broadcast(self, s: ast.If, before: dict[str, str]) -> None:
         """``objs = [stop if RANK == 0 else None]; broadcast_object_list(objs, 0)`` then ``if
         RANK != 0: stop = objs[0]``: the source rank kept the value it sent, every other rank took
         it, so ``stop`` is the same everywhere (YOLOv5's early stopping). Only when the branch is
@@ -383,7 +391,7 @@ class Walker:
                 continue
             got = self.broadcast.get(dotted(st.value.value) or "")
             v = st.targets[0].id
-            if got is None or v not in got[0]:
+            if got is None or (v not in got[0] and before.get(v) not in got[0]):
                 continue
             src = got[1]
             if decide(s.test, {rank_name: src}) is False and \
