@@ -925,7 +925,46 @@ bulk_match(PyObject *self, PyObject *arg)
     return Py_BuildValue("NLL", key, m.ts, m.d);
 }
 
+PyDoc_STRVAR(lines_doc,
+"lines(buf) -> [(line, key), ...]\n\n"
+"Every line of ``buf`` (whole lines) with its shape key, None when it is not of the layout: what\n"
+"fastscan._SCAN.findall's rows give, gap lines split (regroup.py).");
+
+static PyObject *
+bulk_lines(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    if (!PyBytes_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "lines(buf: bytes)");
+        return NULL;
+    }
+    const char *s = PyBytes_AS_STRING(arg);
+    Py_ssize_t n = PyBytes_GET_SIZE(arg), i = 0;
+    PyObject *out = PyList_New(0);
+    while (out != NULL && i < n) {
+        const char *nl = memchr(s + i, '\n', (size_t)(n - i));
+        Py_ssize_t end = nl == NULL ? n : (nl + 1) - s;
+        Match m;
+        PyObject *key = Py_None, *line = PyBytes_FromStringAndSize(s + i, end - i), *pair = NULL;
+        Py_INCREF(key);
+        if (nl != NULL && line != NULL && match_line(s + i, nl, &m)) {
+            Py_DECREF(key);
+            key = make_key(&m);
+        }
+        if (line != NULL && key != NULL)
+            pair = PyTuple_Pack(2, line, key);
+        Py_XDECREF(line);
+        Py_XDECREF(key);
+        if (pair == NULL || PyList_Append(out, pair) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(pair);
+        i = end;
+    }
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
+    {"lines", bulk_lines, METH_O, lines_doc},
     {"crc32", bulk_crc32, METH_VARARGS, "zlib.crc32's value, table-driven (for the tests)."},
     {"match", bulk_match, METH_O, "match(line) -> ((opg, mid, site, rest), ts, d) or None (for the tests)."},
     {NULL, NULL, 0, NULL},

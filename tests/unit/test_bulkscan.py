@@ -245,3 +245,17 @@ def test_native_switch(monkeypatch):
     monkeypatch.setenv("DDPDOCTOR_NATIVE", "1")
     assert native.load("_bulkscan") is fastscan.NATIVE
     assert native.load("_no_such_module") is None
+
+
+def test_lines_are_the_pattern_rows():
+    """regroup's split of a read: the C ``lines`` gives the pattern's rows, gap lines one by one."""
+    from ddpdoctor.analysis import regroup
+
+    for seed in range(12):
+        rng = random.Random(100 + seed)
+        body = _file(rng, 300, rng.choice([0.0, 0.3, 0.8]))
+        item = body[:body.rfind(b"\n") + 1]
+        got = fastscan.NATIVE.lines(item)
+        assert got == regroup._rows(item)
+        assert b"".join(raw for raw, _ in got) == item
+        assert any(k is not None for _, k in got)
