@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..trace.files import open_regular
-from .conform import parse_line
 from . import fastscan
+from .conform import parse_line
 from .fastscan import _GAP, _KEY, _LINE, _SCAN, Shape, _split, chunks
 
 #: Distinct shapes remembered (a hostile file cannot grow the table without bound). Kept across
