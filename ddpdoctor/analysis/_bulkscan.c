@@ -22,6 +22,7 @@
 
 #define MAX_DIGITS 18
 #define MAX_DDP 8
+#define QUICK 64
 
 static uint32_t crc_table[8][256];
 
@@ -207,6 +208,9 @@ typedef struct {
     Py_ssize_t tail_max;
     Entry **table;       /* open addressing by hash, power-of-two size */
     Py_ssize_t cap, used;
+    /* a direct-mapped cache in front of the table, by a cheap hash of the key (quick_hash): a hit
+     * is verified byte for byte, so a collision only costs the table lookup it saves */
+    Entry *quick[QUICK];
     Group *groups;
     Py_ssize_t ngroups, groups_cap;
     long long n, end;    /* events taken, their latest end */
@@ -345,6 +349,20 @@ key_hash(const Match *m)
         h ^= (Py_uhash_t)m->len[i];
     }
     return (Py_hash_t)(h == (Py_uhash_t)-1 ? 0 : h);
+}
+
+/* The lengths of the key's parts and a few of their bytes (the op and group's first ones): the
+ * shapes of one file mostly differ there. Only a cache slot, never trusted (see Scanner.quick). */
+static Py_ssize_t
+quick_hash(const Match *m)
+{
+    size_t h = (size_t)m->len[0] * 31u + (size_t)m->len[1] * 7u + (size_t)m->len[2] * 3u + (size_t)m->len[3];
+    const unsigned char *op = (const unsigned char *)m->part[0];
+    for (Py_ssize_t i = 0; i < 4 && i < m->len[0]; i++)
+        h = h * 33u + op[m->len[0] - 1 - i];  /* the group's name ends the first part */
+    if (m->len[0] > 0)
+        h = h * 33u + op[0];
+    return (Py_ssize_t)((h ^ (h >> 7)) & (QUICK - 1));
 }
 
 static int
@@ -805,8 +823,15 @@ Scanner_run(Scanner *self, PyObject *const *args, Py_ssize_t nargs)
         Match m;
         if (!match_line(ls, nl, &m))
             break;
-        Py_hash_t h = key_hash(&m);
-        Entry *e = lookup(self, h, &m);
+        Py_ssize_t q = quick_hash(&m);
+        Entry *e = self->quick[q];
+        Py_hash_t h = 0;
+        if (e == NULL || !key_equal(e->key, &m)) {
+            h = key_hash(&m);
+            e = lookup(self, h, &m);
+            if (e != NULL)
+                self->quick[q] = e;
+        }
         if (e == NULL) {
             PyObject *k = make_key(&m);
             if (k == NULL)
