@@ -320,13 +320,13 @@ Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "rt.tail must be a deque with a maxlen of 1-4096");
         goto fail;
     }
-    self->cap = 64;
-    self->table = PyMem_Calloc((size_t)self->cap, sizeof(Entry *));
+    self->table = PyMem_Calloc(64, sizeof(Entry *));
     self->tail_at = PyMem_Calloc((size_t)self->tail_max * 2, sizeof(Py_ssize_t));
     if (self->table == NULL || self->tail_at == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
+    self->cap = 64;  /* only now: the dealloc of a failed new walks cap slots */
     return (PyObject *)self;
 fail:
     Py_DECREF(self);
