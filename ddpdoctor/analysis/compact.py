@@ -69,7 +69,10 @@ class Blocks(Sequence):
     __hash__ = None  # type: ignore[assignment]  # equal to lists, so unhashable like them
 
     def __repr__(self) -> str:
-        return f"Blocks({[list(b) for b in self]})"
+        # Sharing keys every rank's groups by repr: one C pass over the array, not a Python
+        # __getitem__ per block (~2 ms a rank at 20k events)
+        it = iter(self._a.tolist())
+        return f"Blocks({[list(b) for b in zip(it, it, it)]})"
 
 
 class LineTail(Sequence):

@@ -309,6 +309,7 @@ def read_rank(path: str) -> RankTrace:
                     rt.header.setdefault("_groups", {})[rec.get("g")] = ranks
             else:
                 rt.bad_lines += 0  # unknown record types from newer writers are skipped
+    bulk.finish()
     rt.events += bulk.n
     if bulk.end > rt.last_ts:
         rt.last_ts = bulk.end

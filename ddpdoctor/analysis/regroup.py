@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..trace.files import open_regular
+from . import fastscan
 from .conform import parse_line
 from .fastscan import _GAP, _KEY, _LINE, _SCAN, Shape, _split, chunks
 
@@ -66,16 +67,14 @@ def group_lines(path: str, group: str, offset: int) -> Iterator[tuple[int, bytes
             if not item.endswith(b"\n"):
                 return  # a truncated last line
             pos = offset + off
-            for row in _SCAN.findall(item):
-                for raw in _split(row[_GAP]) if row[_GAP] else ():
+            native = fastscan.NATIVE
+            for raw, key in native.lines(item) if native is not None else _rows(item):
+                if key is None:
                     rec = _decoded(raw)
                     if rec is not None and rec.get("t") == "c" and rec.get("g", "0") == group:
                         yield pos, raw, rec, True
                     pos += len(raw)
-                raw = row[_LINE]
-                if not raw:
                     continue
-                key = _KEY(row)
                 tmpl = known.get(key, known)
                 if tmpl is known:  # a shape not seen yet in this read
                     tmpl = _template(raw)
@@ -88,6 +87,18 @@ def group_lines(path: str, group: str, offset: int) -> Iterator[tuple[int, bytes
                 elif tmpl.get("g", "0") == group:
                     yield pos, raw, tmpl, False
                 pos += len(raw)
+
+
+def _rows(item: bytes) -> list:
+    """``(line, shape key or None)`` of each line of ``item`` (whole lines), by the pattern; the C
+    scanner's ``lines`` gives the same without the regex."""
+    out = []
+    for row in _SCAN.findall(item):
+        if row[_GAP]:
+            out.extend((raw, None) for raw in _split(row[_GAP]))
+        if row[_LINE]:
+            out.append((row[_LINE], _KEY(row)))
+    return out
 
 
 def _decoded(raw: bytes) -> dict | None:
