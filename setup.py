@@ -11,4 +11,6 @@ setup(ext_modules=[Extension("ddpdoctor.rank._fastcall", ["ddpdoctor/rank/_fastc
                    # the call-site lookup's pass over library frames (rank/callsite.py)
                    Extension("ddpdoctor.rank._sitewalk", ["ddpdoctor/rank/_sitewalk.c"], optional=True),
                    # warnings.warn counting stacklevel over ddpdoctor's frames (rank/warnsite.py)
-                   Extension("ddpdoctor.rank._warnsite", ["ddpdoctor/rank/_warnsite.c"], optional=True)])
+                   Extension("ddpdoctor.rank._warnsite", ["ddpdoctor/rank/_warnsite.c"], optional=True),
+                   # the Flight Recorder pickle reader (analysis/frnative.py)
+                   Extension("ddpdoctor.analysis._frpickle", ["ddpdoctor/analysis/_frpickle.c"], optional=True)])
