@@ -49,6 +49,24 @@ typedef struct {
     uint32_t start, count, next;  /* a run of kids (dict: keys and values alternating) */
 } Seg;
 
+/* Distinct keys (kinds, stacks) -> their index: open addressing over the keys' bytes, kept in an
+ * arena. The hash is not keyed, so a probe longer than MAXPROBE (never seen with real keys at half
+ * load) gives the dump to the Python path instead of letting crafted collisions cost quadratic time. */
+typedef struct {
+    uint64_t h;
+    size_t off, len;  /* the key's bytes in the arena */
+} Slot;
+
+typedef struct {
+    Slot *slots;  /* cap entries, len 0: empty; an entry's index is its order of insertion */
+    size_t cap, n;
+    unsigned char *arena;
+    size_t na, ca;
+    uint32_t *idx;  /* index of each slot */
+} Table;
+
+#define MAXPROBE 64
+
 typedef struct {
     const unsigned char *d;
     size_t len;
@@ -70,6 +88,7 @@ typedef struct {
     unsigned char *buf; /* an encoded key */
     size_t nb, cb;
     size_t budget;      /* bytes all encoded keys may still take */
+    Table kinds, stacks;
 } R;
 
 static int
@@ -91,9 +110,11 @@ grow(void **p, size_t *cap, size_t need, size_t item)
     return 0;
 }
 
-#define GROW(r, arr, n, cap, need) grow((void **)&(r)->arr, &(r)->cap, (need), sizeof(*(r)->arr))
+/* the capacity check inline (it runs for nearly every opcode), the growing out of line */
+#define GROW(r, arr, n, cap, need) \
+    ((need) <= (r)->cap ? 0 : grow((void **)&(r)->arr, &(r)->cap, (need), sizeof(*(r)->arr)))
 
-static int64_t
+static inline int64_t
 new_node(R *r, uint8_t t)
 {
     if (r->nn >= NIL - 1 || GROW(r, nodes, r->nn, cn, r->nn + 1) < 0)
@@ -176,7 +197,8 @@ make_tuple(R *r, size_t start)
     n->v = cnt;
     for (size_t i = start; i < r->nst; i++)
         n->hashable &= r->nodes[r->stack[i]].hashable;
-    memcpy(r->kids + r->nk, r->stack + start, cnt * sizeof(uint32_t));
+    if (cnt)  /* an empty tuple may come before any array is allocated */
+        memcpy(r->kids + r->nk, r->stack + start, cnt * sizeof(uint32_t));
     r->nk += cnt;
     r->nst = start;
     return push(r, (uint32_t)id);
@@ -208,6 +230,12 @@ le(const unsigned char *p, int n)
     for (int i = n - 1; i >= 0; i--)
         x = (x << 8) | p[i];
     return x;
+}
+
+static inline uint32_t
+le4(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
 /* Whether the bytes decode as the unpickler decodes str (UTF-8, "surrogatepass"). */
@@ -279,7 +307,7 @@ parse(R *r, uint32_t *out)
                 pos += 2;
             } else if (op == 'J') {
                 NEED(4);
-                v = (int32_t)(uint32_t)le(d + pos, 4);
+                v = (int32_t)le4(d + pos);
                 pos += 4;
             } else {
                 NEED(1);
@@ -315,7 +343,7 @@ parse(R *r, uint32_t *out)
         case 'B': case 'C': case 0x8e: { /* BINBYTES, SHORT_BINBYTES, BINBYTES8 */
             int w = (op == 0x8c || op == 'C') ? 1 : (op == 'X' || op == 'B') ? 4 : 8;
             NEED(w);
-            n = (size_t)le(d + pos, w);
+            n = w == 1 ? d[pos] : w == 4 ? le4(d + pos) : (size_t)le(d + pos, w);
             pos += w;
             NEED(n);
             int text = op == 'X' || op == 0x8c || op == 0x8d;
@@ -370,7 +398,7 @@ parse(R *r, uint32_t *out)
         case 'q': case 'r': /* BINPUT, LONG_BINPUT */
             n = op == 'q' ? 1 : 4;
             NEED(n);
-            if (memo_put(r, (size_t)le(d + pos, (int)n)) < 0)
+            if (memo_put(r, op == 'q' ? d[pos] : le4(d + pos)) < 0)
                 return -1;
             pos += n;
             break;
@@ -381,7 +409,7 @@ parse(R *r, uint32_t *out)
         case 'h': case 'j': { /* BINGET, LONG_BINGET */
             n = op == 'h' ? 1 : 4;
             NEED(n);
-            size_t idx = (size_t)le(d + pos, (int)n);
+            size_t idx = op == 'h' ? d[pos] : le4(d + pos);
             pos += n;
             if (idx >= r->memo_size || r->memo[idx] == NIL || push(r, r->memo[idx]) < 0)
                 return -1;
@@ -468,7 +496,7 @@ make(R *r, uint32_t id, int depth)
     return o;
 }
 
-static int
+static inline int
 put(R *r, const void *p, size_t n)
 {
     if (n > r->budget || GROW(r, buf, r->nb, cb, r->nb + n) < 0)
@@ -523,30 +551,80 @@ encode(R *r, uint32_t id, int depth)
     }
 }
 
-/* The index of the current key (r->buf) in `index`, a new one (len(reps)) when unseen. */
-static Py_ssize_t
-intern_key(R *r, PyObject *index, int *fresh)
+static uint64_t
+hash_bytes(const unsigned char *p, size_t n)
 {
-    PyObject *k = PyBytes_FromStringAndSize((const char *)r->buf, (Py_ssize_t)r->nb);
-    if (k == NULL)
-        return -1;
-    PyObject *got = PyDict_GetItemWithError(index, k);
-    Py_ssize_t i;
-    if (got != NULL) {
-        i = PyLong_AsSsize_t(got);
-        *fresh = 0;
-    } else if (PyErr_Occurred()) {
-        i = -1;
-    } else {
-        i = PyDict_GET_SIZE(index);
-        PyObject *v = PyLong_FromSsize_t(i);
-        if (v == NULL || PyDict_SetItem(index, k, v) < 0)
-            i = -1;
-        Py_XDECREF(v);
-        *fresh = 1;
+    uint64_t h = 0x9e3779b97f4a7c15u ^ n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdu;
+        h ^= h >> 32;
     }
-    Py_DECREF(k);
-    return i;
+    uint64_t w = 0;
+    memcpy(&w, p + i, n - i);
+    h = (h ^ w) * 0xc4ceb9fe1a85ec53u;
+    return h ^ (h >> 29);
+}
+
+static int
+table_grow(Table *t)
+{
+    size_t cap = t->cap ? t->cap * 2 : 64;
+    Slot *slots = PyMem_Calloc(cap, sizeof(Slot));
+    uint32_t *idx = PyMem_Calloc(cap, sizeof(uint32_t));
+    if (slots == NULL || idx == NULL) {
+        PyMem_Free(slots);
+        PyMem_Free(idx);
+        return -1;
+    }
+    for (size_t i = 0; i < t->cap; i++) {
+        if (t->slots[i].len == 0)
+            continue;
+        size_t j = (size_t)t->slots[i].h & (cap - 1);
+        while (slots[j].len)
+            j = (j + 1) & (cap - 1);
+        slots[j] = t->slots[i];
+        idx[j] = t->idx[i];
+    }
+    PyMem_Free(t->slots);
+    PyMem_Free(t->idx);
+    t->slots = slots;
+    t->idx = idx;
+    t->cap = cap;
+    return 0;
+}
+
+/* The index of the current key (r->buf, never empty: it starts with a tag) in t, a new one
+ * (the count so far) when unseen; -1: out of memory or a probe too long. */
+static int64_t
+intern_key(R *r, Table *t, int *fresh)
+{
+    if (2 * (t->n + 1) > t->cap && table_grow(t) < 0)
+        return -1;
+    uint64_t h = hash_bytes(r->buf, r->nb);
+    size_t j = (size_t)h & (t->cap - 1);
+    for (int probe = 0; t->slots[j].len; probe++) {
+        Slot *sl = &t->slots[j];
+        if (sl->h == h && sl->len == r->nb && memcmp(t->arena + sl->off, r->buf, r->nb) == 0) {
+            *fresh = 0;
+            return t->idx[j];
+        }
+        if (probe >= MAXPROBE)
+            return -1;
+        j = (j + 1) & (t->cap - 1);
+    }
+    if (t->n >= NIL || grow((void **)&t->arena, &t->ca, t->na + r->nb, 1) < 0)
+        return -1;
+    memcpy(t->arena + t->na, r->buf, r->nb);
+    t->slots[j].h = h;
+    t->slots[j].off = t->na;
+    t->slots[j].len = r->nb;
+    t->idx[j] = (uint32_t)t->n;
+    t->na += r->nb;
+    *fresh = 1;
+    return (int64_t)t->n++;
 }
 
 static int
@@ -575,7 +653,7 @@ static int
 entry(R *r, uint32_t id, const Names *nm, PyObject *defaults, PyObject *required, PyObject **out,
       int64_t *last_rid, int *ordered)
 {
-    PyObject *rows = out[0], *kinds = out[1], *stacks = out[2], *kidx = out[3], *sidx = out[4];
+    PyObject *rows = out[0], *kinds = out[1], *stacks = out[2];
     uint32_t f[NFIELDS];
     for (int i = 0; i < NFIELDS; i++)
         f[i] = NIL;
@@ -612,7 +690,7 @@ entry(R *r, uint32_t id, const Names *nm, PyObject *defaults, PyObject *required
     for (int i = 0; i < NKEYED; i++)
         if (f[i] == NIL ? put(r, "m", 1) < 0 : encode(r, f[i], 0) < 0)
             return -1;
-    Py_ssize_t ki = intern_key(r, kidx, &fresh);
+    int64_t ki = intern_key(r, &r->kinds, &fresh);
     if (ki < 0)
         return -1;
     if (fresh) {
@@ -643,7 +721,7 @@ entry(R *r, uint32_t id, const Names *nm, PyObject *defaults, PyObject *required
     } else if (put(r, "V", 1) < 0 || (fr == NIL ? put(r, "m", 1) : encode(r, fr, 0)) < 0) {
         return -1;
     }
-    Py_ssize_t si = intern_key(r, sidx, &fresh);
+    int64_t si = intern_key(r, &r->stacks, &fresh);
     if (si < 0)
         return -1;
     if (fresh) {
@@ -658,8 +736,8 @@ entry(R *r, uint32_t id, const Names *nm, PyObject *defaults, PyObject *required
     PyObject *row = PyTuple_New(9);
     if (row == NULL)
         return -1;
-    PyTuple_SET_ITEM(row, 0, PyLong_FromSsize_t(ki));
-    PyTuple_SET_ITEM(row, 1, PyLong_FromSsize_t(si));
+    PyTuple_SET_ITEM(row, 0, PyLong_FromLongLong(ki));
+    PyTuple_SET_ITEM(row, 1, PyLong_FromLongLong(si));
     for (int i = 0; i < 7; i++)
         PyTuple_SET_ITEM(row, 2 + i, field(r, f, per_row[i], defaults));
     for (int i = 0; i < 9; i++)
@@ -689,6 +767,12 @@ release(R *r)
     PyMem_Free(r->state);
     PyMem_Free(r->slot);
     PyMem_Free(r->buf);
+    Table *ts[2] = {&r->kinds, &r->stacks};
+    for (int i = 0; i < 2; i++) {
+        PyMem_Free(ts[i]->slots);
+        PyMem_Free(ts[i]->idx);
+        PyMem_Free(ts[i]->arena);
+    }
 }
 
 /* The dump without its entries, and the entries as rows; NULL (no exception): not read here. */
@@ -729,8 +813,8 @@ read_dump(R *r, const Names *nm, PyObject *defaults, PyObject *required)
         Py_DECREF(head);
         return NULL;
     }
-    PyObject *out[5] = {PyList_New(0), PyList_New(0), PyList_New(0), PyDict_New(), PyDict_New()};
-    int ok = out[0] && out[1] && out[2] && out[3] && out[4];
+    PyObject *out[3] = {PyList_New(0), PyList_New(0), PyList_New(0)};
+    int ok = out[0] && out[1] && out[2];
     int64_t last_rid = INT64_MIN;
     int ordered = 1;
     for (uint32_t s = r->nodes[entries].first; ok && s != NIL; s = r->segs[s].next)
@@ -742,7 +826,7 @@ read_dump(R *r, const Names *nm, PyObject *defaults, PyObject *required)
     PyObject *res = ok ? Py_BuildValue("(OOOOO)", head, out[0], out[1], out[2], ordered ? Py_True : Py_False)
                        : NULL;
     Py_DECREF(head);
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 3; i++)
         Py_XDECREF(out[i]);
     return res;
 }
