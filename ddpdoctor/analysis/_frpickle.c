@@ -37,11 +37,12 @@ enum { T_NONE, T_TRUE, T_FALSE, T_INT, T_FLOAT, T_STR, T_BYTES, T_LIST, T_DICT, 
 #define F_RID 16     /* record_id: required, an int */
 #define MAXDEPTH 64
 
-typedef struct {
+typedef struct {           /* 24 bytes: a 2,000-entry dump makes ~35,000 of them */
     uint8_t t;
     uint8_t hashable;
-    uint32_t first, last;  /* list, dict: segments (NIL: none); tuple: first = start in kids */
-    uint64_t a;            /* str, bytes, float: offset in the data */
+    uint32_t first;        /* list, dict: first segment (NIL: none); tuple: start in kids;
+                              str, bytes, float: offset in the data (inputs are < 4 GiB) */
+    uint32_t last;         /* list, dict: last segment */
     uint64_t v;            /* int: value; str, bytes: length; list, dict, tuple: item count */
 } Node;
 
@@ -334,7 +335,7 @@ parse(R *r, uint32_t *out)
             id = new_node(r, T_FLOAT);
             if (id < 0)
                 return -1;
-            r->nodes[id].a = pos;
+            r->nodes[id].first = (uint32_t)pos;
             pos += 8;
             if (push(r, (uint32_t)id) < 0)
                 return -1;
@@ -352,7 +353,7 @@ parse(R *r, uint32_t *out)
             id = new_node(r, text ? T_STR : T_BYTES);
             if (id < 0)
                 return -1;
-            r->nodes[id].a = pos;
+            r->nodes[id].first = (uint32_t)pos;
             r->nodes[id].v = n;
             pos += n;
             if (push(r, (uint32_t)id) < 0)
@@ -434,7 +435,7 @@ make(R *r, uint32_t id, int depth)
     if (r->state[id] == 1 || depth > MAXDEPTH)
         return NULL;  /* a cycle, or absurd nesting: left to the Python path */
     Node *n = &r->nodes[id];
-    const char *p = (const char *)r->d + n->a;
+    const char *p = (const char *)r->d + n->first;
     PyObject *o = NULL;
     r->state[id] = 1;
     switch (n->t) {
@@ -530,9 +531,9 @@ encode(R *r, uint32_t id, int depth)
     case T_TRUE: return put(r, "T", 1);
     case T_FALSE: return put(r, "F", 1);
     case T_INT: return put_head(r, 'I', n->v);
-    case T_FLOAT: return put(r, "D", 1) < 0 ? -1 : put(r, r->d + n->a, 8);
+    case T_FLOAT: return put(r, "D", 1) < 0 ? -1 : put(r, r->d + n->first, 8);
     case T_STR: case T_BYTES:
-        return put_head(r, n->t == T_STR ? 'S' : 'B', n->v) < 0 ? -1 : put(r, r->d + n->a, (size_t)n->v);
+        return put_head(r, n->t == T_STR ? 'S' : 'B', n->v) < 0 ? -1 : put(r, r->d + n->first, (size_t)n->v);
     case T_TUPLE:
         if (put_head(r, 'U', n->v) < 0)
             return -1;
@@ -631,7 +632,7 @@ static int
 is_str(R *r, uint32_t id, const char *s, size_t n)
 {
     Node *k = &r->nodes[id];
-    return k->t == T_STR && k->v == n && memcmp(r->d + k->a, s, n) == 0;
+    return k->t == T_STR && k->v == n && memcmp(r->d + k->first, s, n) == 0;
 }
 
 /* A field's value: its node made, or the default (a new reference; NULL: failed). */
@@ -851,6 +852,10 @@ rows(PyObject *self, PyObject *args)
             PyBuffer_Release(&data);
             return NULL;
         }
+    }
+    if ((uint64_t)data.len >= NIL) {  /* offsets are 32-bit: left to the Python path */
+        PyBuffer_Release(&data);
+        Py_RETURN_NONE;
     }
     R r;
     memset(&r, 0, sizeof(r));
