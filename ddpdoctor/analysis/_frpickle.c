@@ -265,7 +265,13 @@ parse(R *r, uint32_t *out)
 {
     const unsigned char *d = r->d;
     size_t pos = 0;
+    /* None, True and False: one node each (nodes 0, 1, 2), as they are one object each */
+    for (uint8_t t = T_NONE; t <= T_FALSE; t++)
+        if (new_node(r, t) != t)
+            return -1;
+    size_t fend = 0;  /* end of the current FRAME */
     for (;;) {
+        size_t start = pos;
         NEED(1);
         unsigned char op = d[pos++];
         int64_t id;
@@ -276,11 +282,14 @@ parse(R *r, uint32_t *out)
             if (d[pos++] > 5)
                 return -1;
             break;
-        case 0x95: /* FRAME: the unpickler only checks that the frame is there */
+        case 0x95: /* FRAME */
+            if (start < fend)
+                return -1;  /* a frame inside a frame: never written */
             NEED(8);
             n = (size_t)le(d + pos, 8);
             pos += 8;
             NEED(n);
+            fend = pos + n;
             break;
         case '.': /* STOP */
             if (r->nst <= fence(r))
@@ -293,8 +302,7 @@ parse(R *r, uint32_t *out)
             r->marks[r->nm++] = r->nst;
             break;
         case 'N': case 0x88: case 0x89: /* NONE, NEWTRUE, NEWFALSE */
-            id = new_node(r, op == 'N' ? T_NONE : op == 0x88 ? T_TRUE : T_FALSE);
-            if (id < 0 || push(r, (uint32_t)id) < 0)
+            if (push(r, op == 'N' ? T_NONE : op == 0x88 ? T_TRUE : T_FALSE) < 0)
                 return -1;
             break;
         case 'K': case 'M': case 'J': case 0x8a: { /* BININT1, BININT2, BININT, LONG1 */
@@ -419,6 +427,10 @@ parse(R *r, uint32_t *out)
         default: /* everything else, every opcode that names or calls a global included */
             return -1;
         }
+        /* the unpickler reads a frame into its buffer and an opcode that runs past the frame's end
+         * from the file again, skipping the frame's rest: not a plain read, so not read here */
+        if (start < fend && pos > fend)
+            return -1;
     }
 }
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import importlib
 import os
 
-from .frdump import MAX_BYTES
-
+#: Larger files go to the Python path: the C reader's tables take up to ~40 bytes per byte of a
+#: crafted file (one node per 1-byte opcode), the unpickler's objects less; a 20,000-entry dump
+#: with stacks is ~3 MB, so real dumps stay far below.
+MAX_BYTES = 64 << 20
 #: The entry fields the C reader looks up, in the order it expects: the 13 the converter reads
 #: with one itemgetter (frconvert._NAMES; the first 9 make an entry's kind), then the frames and
 #: three read one by one.

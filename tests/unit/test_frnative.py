@@ -199,6 +199,9 @@ def test_off_switch(tmp_path, monkeypatch):
     src = tmp_path / "d0"
     src.write_bytes(pickle.dumps(dump([entry(0, None)]), protocol=2))
     assert frnative.read(str(src)) is not None
+    monkeypatch.setattr(frnative, "MAX_BYTES", 100)  # large files: the Python path
+    assert frnative.read(str(src)) is None
+    monkeypatch.undo()
     monkeypatch.setenv("DDPDOCTOR_NATIVE", "0")
     assert frnative.read(str(src)) is None and not frnative.available()
 
@@ -272,3 +275,14 @@ def test_random_bytes_are_never_read():
     for _ in range(3000):
         data = b"\x80\x02" + bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40)))
         check(data)
+
+
+def test_frames_shorter_or_longer_than_their_opcodes():
+    """The unpickler reads a FRAME into a buffer and an opcode running past its end from the file
+    again (skipping the frame's rest): such pickles are not plain reads and are left to it."""
+    data = pickle.dumps(dump([entry(i, frames_of(5)) for i in range(3)]), protocol=4)
+    assert data[2] == 0x95  # FRAME, its length in the next 8 bytes
+    length = int.from_bytes(data[3:11], "little")
+    assert check(data)
+    for delta in list(range(-60, 0)) + [1, 2, 7]:
+        check(data[:3] + (length + delta).to_bytes(8, "little") + data[11:])
