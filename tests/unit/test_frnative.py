@@ -13,6 +13,7 @@ import math
 import os
 import pickle
 import random
+import tempfile
 
 import pytest
 
@@ -75,6 +76,10 @@ def check(data: bytes) -> bool:
         return False
     obj = py_read(data)
     assert isinstance(obj, dict) and isinstance(obj.get("entries"), list), (data[:80], obj)
+    with tempfile.NamedTemporaryFile() as f:  # frdump.read reads a buffered file (peek), not bytes
+        f.write(data)
+        f.flush()
+        assert same(frdump.read(f.name, "pickle"), obj)
     head, rs, kinds, stacks, ordered = got
     assert same(head, {k: v for k, v in obj.items() if k != "entries"})
     ents = [e for e in obj["entries"] if type(e) is dict]
