@@ -291,3 +291,9 @@ def test_frames_shorter_or_longer_than_their_opcodes():
     assert check(data)
     for delta in list(range(-60, 0)) + [1, 2, 7]:
         check(data[:3] + (length + delta).to_bytes(8, "little") + data[11:])
+
+
+def test_fields_are_the_converters():
+    """The C reader's rows follow frconvert's field order: its first 13 fields, then frames."""
+    assert frnative.FIELDS[:13] == frconvert._NAMES and frnative.FIELDS[13] == "frames"
+    assert frnative.ROW == frnative.FIELDS[9:13] + frnative.FIELDS[14:]
