@@ -89,7 +89,7 @@ typedef struct {
     unsigned char *buf; /* an encoded key */
     size_t nb, cb;
     size_t budget;      /* bytes all encoded keys may still take */
-    Table kinds, stacks;
+    Table kinds, stacks, pairs;
 } R;
 
 static int
@@ -666,7 +666,7 @@ static int
 entry(R *r, uint32_t id, const Names *nm, PyObject *defaults, PyObject *required, PyObject **out,
       int64_t *last_rid, int *ordered)
 {
-    PyObject *rows = out[0], *kinds = out[1], *stacks = out[2];
+    PyObject *rows = out[0], *kinds = out[1], *stacks = out[2], *pairs = out[3];
     uint32_t f[NFIELDS];
     for (int i = 0; i < NFIELDS; i++)
         f[i] = NIL;
@@ -745,15 +745,31 @@ entry(R *r, uint32_t id, const Names *nm, PyObject *defaults, PyObject *required
         }
         Py_DECREF(v);
     }
+    /* the (kind, stack) pair: the converter's cache of worked-out kinds is a list by pair index,
+     * where a dict keyed by a tuple cost ~5x as much an entry */
+    uint32_t kp[2] = {(uint32_t)ki, (uint32_t)si};
+    r->nb = 0;
+    if (put(r, kp, sizeof(kp)) < 0)
+        return -1;
+    int64_t pi = intern_key(r, &r->pairs, &fresh);
+    if (pi < 0)
+        return -1;
+    if (fresh) {
+        PyObject *t = Py_BuildValue("(LL)", (long long)ki, (long long)si);
+        if (t == NULL || PyList_Append(pairs, t) < 0) {
+            Py_XDECREF(t);
+            return -1;
+        }
+        Py_DECREF(t);
+    }
     static const int per_row[] = {9, 10, 11, 12, 14, 15, 16};
-    PyObject *row = PyTuple_New(9);
+    PyObject *row = PyTuple_New(8);
     if (row == NULL)
         return -1;
-    PyTuple_SET_ITEM(row, 0, PyLong_FromLongLong(ki));
-    PyTuple_SET_ITEM(row, 1, PyLong_FromLongLong(si));
+    PyTuple_SET_ITEM(row, 0, PyLong_FromLongLong(pi));
     for (int i = 0; i < 7; i++)
-        PyTuple_SET_ITEM(row, 2 + i, field(r, f, per_row[i], defaults));
-    for (int i = 0; i < 9; i++)
+        PyTuple_SET_ITEM(row, 1 + i, field(r, f, per_row[i], defaults));
+    for (int i = 0; i < 8; i++)
         if (PyTuple_GET_ITEM(row, i) == NULL) {
             Py_DECREF(row);  /* tuple dealloc skips the NULL items */
             return -1;
@@ -780,8 +796,8 @@ release(R *r)
     PyMem_Free(r->state);
     PyMem_Free(r->slot);
     PyMem_Free(r->buf);
-    Table *ts[2] = {&r->kinds, &r->stacks};
-    for (int i = 0; i < 2; i++) {
+    Table *ts[3] = {&r->kinds, &r->stacks, &r->pairs};
+    for (int i = 0; i < 3; i++) {
         PyMem_Free(ts[i]->slots);
         PyMem_Free(ts[i]->idx);
         PyMem_Free(ts[i]->arena);
@@ -826,8 +842,8 @@ read_dump(R *r, const Names *nm, PyObject *defaults, PyObject *required)
         Py_DECREF(head);
         return NULL;
     }
-    PyObject *out[3] = {PyList_New(0), PyList_New(0), PyList_New(0)};
-    int ok = out[0] && out[1] && out[2];
+    PyObject *out[4] = {PyList_New(0), PyList_New(0), PyList_New(0), PyList_New(0)};
+    int ok = out[0] && out[1] && out[2] && out[3];
     int64_t last_rid = INT64_MIN;
     int ordered = 1;
     for (uint32_t s = r->nodes[entries].first; ok && s != NIL; s = r->segs[s].next)
@@ -836,10 +852,10 @@ read_dump(R *r, const Names *nm, PyObject *defaults, PyObject *required)
             if (r->nodes[e].t == T_DICT)  /* what is not a dict is not an entry (as frconvert) */
                 ok = entry(r, e, nm, defaults, required, out, &last_rid, &ordered) == 0;
         }
-    PyObject *res = ok ? Py_BuildValue("(OOOOO)", head, out[0], out[1], out[2], ordered ? Py_True : Py_False)
+    PyObject *res = ok ? Py_BuildValue("(OOOOOO)", head, out[0], out[1], out[2], out[3], ordered ? Py_True : Py_False)
                        : NULL;
     Py_DECREF(head);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         Py_XDECREF(out[i]);
     return res;
 }
@@ -885,7 +901,7 @@ rows(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"rows", rows, METH_VARARGS,
-     "rows(data, names, defaults, required) -> (head, rows, kinds, stacks, ordered) or None: see frnative.py"},
+     "rows(data, names, defaults, required) -> (head, rows, kinds, stacks, pairs, ordered) or None: see frnative.py"},
     {NULL, NULL, 0, NULL},
 };
 

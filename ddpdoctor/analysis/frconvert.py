@@ -296,11 +296,12 @@ class _Pass:
                 f',"x":{_dumps(x)},"n":{n},"ts":', f',"site":{sid}{tail}}}\n', f"{g}:{ch}", ("t|" + str(x)).encode())
 
     def run(self, entries: list, native: tuple | None = None) -> None:
-        """``entries``: dicts, or with ``native`` = (kinds, stacks) the rows of frnative.read."""
+        """``entries``: dicts, or with ``native`` = (kinds, stacks, pairs) the rows of frnative.read."""
         kinds, body, stuck, rt, sites = self.kinds, self.body, self.stuck, self.rt, self.sites
         if native is not None:
-            kvals, svals = native
+            kvals, svals, pairs = native
             ssids = [-1] * len(svals)
+            bypair: list = [None] * len(pairs)
         stacks: dict[int, list] = {}  # id of a stack's first frame -> [(frames, site id)]
         order, gorder, t0, world = self.order, self.gorder, self.t0, self.world
         fields = _FIELDS_FRAMES
@@ -314,14 +315,16 @@ class _Pass:
         for e in entries:
             if native is not None:
                 # the C reader told the entry's kind and stack apart already: look up their first
-                kidx, stidx, created, done, seq, p2p, dm, p2ps, _rid = e
-                v = kvals[kidx]
-                sid = ssids[stidx]
-                if sid < 0:
-                    sid = ssids[stidx] = sites.get(svals[stidx])
-                kind = kinds.get((kidx, sid))
+                pidx, created, done, seq, p2p, dm, p2ps, _rid = e
+                kind = bypair[pidx]
                 if kind is None:
-                    kind = kinds[(kidx, sid)] = self.kind(None, v, sid)
+                    kidx, stidx = pairs[pidx]
+                    sid = ssids[stidx]
+                    if sid < 0:
+                        sid = ssids[stidx] = sites.get(svals[stidx])
+                    kind = bypair[pidx] = kinds.get((kidx, sid))
+                    if kind is None:
+                        kind = bypair[pidx] = kinds[(kidx, sid)] = self.kind(None, kvals[kidx], sid)
             else:
                 try:
                     v = fields(e)
@@ -379,6 +382,8 @@ class _Pass:
             if p2p or (seq == 0 and _int(e.get("p2p_seq_id") if native is None else p2ps) > 0):
                 pk = kind[_K_P2P]
                 if pk is None:
+                    if native is not None:
+                        v = kvals[pairs[pidx][0]]
                     pk = kind[_K_P2P] = self.p2p(kind, v) or ()
                 if not pk:
                     continue
@@ -512,11 +517,11 @@ def _convert(job: tuple[str, str, str]) -> dict:
         return summary
     summary["rank"] = rank
     if fast is not None:
-        _head, entries, kvals, svals, ordered = fast
+        _head, entries, kvals, svals, pairs, ordered = fast
         if not ordered:  # every record_id is an int here
-            entries.sort(key=itemgetter(8))
-        pns = (kvals[row[0]][0] for row in entries)  # read up to the first with a backend
-        created = map(itemgetter(2), entries)
+            entries.sort(key=itemgetter(7))
+        pns = (kvals[pairs[row[0]][0]][0] for row in entries)  # read up to the first with a backend
+        created = map(itemgetter(1), entries)
     else:
         entries = [e for e in dump.get("entries") or [] if isinstance(e, dict)]
         try:
@@ -546,7 +551,7 @@ def _convert(job: tuple[str, str, str]) -> dict:
     world = len(members.get("0", [])) if "0" in members else 0
     rt = RankTrace(path=out)
     entry_pass = _Pass(sites, members, gloo, t0, world, rt)
-    entry_pass.run(entries, None if fast is None else (kvals, svals))
+    entry_pass.run(entries, None if fast is None else (kvals, svals, pairs))
     groups, gaps = entry_pass.finish()
     world, incomplete, stuck, body = entry_pass.world, entry_pass.incomplete, entry_pass.stuck, entry_pass.body
     tail_lines = body[-FR_TAIL:]

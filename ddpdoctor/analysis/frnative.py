@@ -27,7 +27,7 @@ REQUIRED = object()
 #: Values of missing fields: those of frconvert._fields_slow and of ``dict.get``.
 DEFAULTS = ("?", None, REQUIRED, None, None, None, None, "?", None, None, None, None, None, None, None, None,
             REQUIRED)
-#: Where each field lands in a row (kind index, stack index, then these).
+#: Where each field lands in a row (its pair index, then these).
 ROW = ("time_created_ns", "time_discovered_completed_ns", "collective_seq_id", "is_p2p", "duration_ms",
        "p2p_seq_id", "record_id")
 
@@ -42,12 +42,13 @@ def _module():
 
 
 def read(path: str) -> tuple | None:
-    """``(head, rows, kinds, stacks, ordered)`` for a pickle in the plain subset, else None.
+    """``(head, rows, kinds, stacks, pairs, ordered)`` for a pickle in the plain subset, else None.
 
     ``head``: the dump's dict without ``entries``; ``rows``: one tuple an entry that is a dict, in
-    the file's order: (kind index, stack index, then the fields of :data:`ROW`, missing ones None);
-    ``kinds[i]``: the first 9 fields of the first entry of kind i (missing: :data:`DEFAULTS`);
-    ``stacks[j]``: the frames of the first entry of stack j; ``ordered``: record ids non-decreasing."""
+    the file's order: (pair index, then the fields of :data:`ROW`, missing ones None);
+    ``pairs[p]``: (kind index, stack index) of pair p; ``kinds[i]``: the first 9 fields of the first
+    entry of kind i (missing: :data:`DEFAULTS`); ``stacks[j]``: the frames of the first entry of
+    stack j; ``ordered``: record ids non-decreasing."""
     mod = _module()
     if mod is None:
         return None

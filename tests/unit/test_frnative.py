@@ -80,7 +80,7 @@ def check(data: bytes) -> bool:
         f.write(data)
         f.flush()
         assert same(frdump.read(f.name, "pickle"), obj)
-    head, rs, kinds, stacks, ordered = got
+    head, rs, kinds, stacks, pairs, ordered = got
     assert same(head, {k: v for k, v in obj.items() if k != "entries"})
     ents = [e for e in obj["entries"] if type(e) is dict]
     assert len(rs) == len(ents)
@@ -88,9 +88,10 @@ def check(data: bytes) -> bool:
     for row, e in zip(rs, ents):
         assert "pg_id" in e and type(e.get("record_id")) is int
         vals = [e.get(k, d) for k, d in zip(frnative.FIELDS, frnative.DEFAULTS)]
-        assert same(kinds[row[0]], tuple(vals[:9])), (kinds[row[0]], vals[:9])
-        assert same(stacks[row[1]], vals[13])
-        assert same(list(row[2:]), vals[9:13] + vals[14:])
+        kidx, stidx = pairs[row[0]]
+        assert same(kinds[kidx], tuple(vals[:9])), (kinds[kidx], vals[:9])
+        assert same(stacks[stidx], vals[13])
+        assert same(list(row[1:]), vals[9:13] + vals[14:])
         rids.append(vals[16])
     assert ordered == (rids == sorted(rids))
     return True
@@ -146,7 +147,7 @@ def test_odd_fields_and_order(tmp_path, monkeypatch):
     es[6]["pg_id"] = None
     es[6]["process_group"] = None
     es.reverse()  # record ids descending: sorted by the converter
-    assert rows(pickle.dumps(dump(es), protocol=2))[4] is False
+    assert rows(pickle.dumps(dump(es), protocol=2))[5] is False
     both_paths(tmp_path, monkeypatch, dump(es))
 
 
