@@ -298,3 +298,17 @@ def test_fields_are_the_converters():
     """The C reader's rows follow frconvert's field order: its first 13 fields, then frames."""
     assert frnative.FIELDS[:13] == frconvert._NAMES and frnative.FIELDS[13] == "frames"
     assert frnative.ROW == frnative.FIELDS[9:13] + frnative.FIELDS[14:]
+
+
+def test_benchmark_dumps_same_both_ways(tmp_path, monkeypatch):
+    """bench/fr_scale.py's torch-shaped dumps (shared frame dicts, a wrapped buffer, the bug)."""
+    from bench import fr_scale
+
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    fr_scale.write(str(folder), 2, entries=300)
+    for src in sorted(folder.iterdir()):
+        data = src.read_bytes()
+        assert check(data)
+        s, _rt, body = both_paths(tmp_path, monkeypatch, None, data=data)
+        assert s["entries"] == 300 and body.count(b'"t":"c"') == 300
