@@ -17,10 +17,11 @@
  * encoded keys have a budget proportional to the input; over it: None).
  *
  * Then only the entries' fields the converter reads are made into objects: per entry a row of its
- * position and times, an index of its *kind* (entries whose 9 kind fields are equal values of
- * equal types, compared by an exact encoding: 1, True and 1.0 differ, so do a list and a tuple)
- * and an index of its stack (entries whose frames lists hold the same frame objects, or equal
+ * position and times and the index of its (kind, stack) pair: its *kind* groups entries whose 9
+ * kind fields are equal values of equal types (an exact encoding: 1, True and 1.0 differ, so do a
+ * list and a tuple), its stack entries whose frames lists hold the same frame objects (or equal
  * non-list values); the kind fields and the frames are made once, for the first entry of each.
+ * The work is linear also with crafted keys: hash probes stop at MAXPROBE (then None).
  *
  * Optional (setup.py, optional=True); without it, or with DDPDOCTOR_NATIVE=0: frdump.read. */
 #define PY_SSIZE_T_CLEAN
