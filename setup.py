@@ -13,4 +13,6 @@ setup(ext_modules=[Extension("ddpdoctor.rank._fastcall", ["ddpdoctor/rank/_fastc
                    # warnings.warn counting stacklevel over ddpdoctor's frames (rank/warnsite.py)
                    Extension("ddpdoctor.rank._warnsite", ["ddpdoctor/rank/_warnsite.c"], optional=True),
                    # the loader's bulk path (analysis/fastscan.py): reading rank files for the report
-                   Extension("ddpdoctor.analysis._bulkscan", ["ddpdoctor/analysis/_bulkscan.c"], optional=True)])
+                   Extension("ddpdoctor.analysis._bulkscan", ["ddpdoctor/analysis/_bulkscan.c"], optional=True),
+                   # the Flight Recorder pickle reader (analysis/frnative.py)
+                   Extension("ddpdoctor.analysis._frpickle", ["ddpdoctor/analysis/_frpickle.c"], optional=True)])

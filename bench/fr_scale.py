@@ -18,6 +18,8 @@ import shutil
 import tempfile
 import time
 
+from ddpdoctor.analysis import frnative
+
 from .common import Row, loadavg
 from .scale import report
 
@@ -115,11 +117,12 @@ def measure(ranks: int, base: str, log=print) -> dict:
                  for f in fs)
         res = {"ranks": ranks, "entries_per_rank": ENTRIES, "bytes": bug["bytes"], "gen_s": bug["seconds"],
                "loadavg": la, **r, "entries_per_s": ranks * ENTRIES / r["wall_s"], "found": ok,
-               "finding_ids": sorted({f["id"] for f in fs})}
+               "finding_ids": sorted({f["id"] for f in fs}),
+               "c_reader": frnative.available()}  # the report (a child) inherits the environment
         log(f"  {ranks:5d} ranks x {ENTRIES} entries ({bug['bytes'] / 2**20:.0f} MB of dumps): report "
             f"{r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU, {res['entries_per_s']:.0f} entries/s, peak RSS "
             f"{r['maxrss_mb']:.0f} MB (tree {r['tree_peak_mb']:.0f} MB); culprit rank {bug['bad']} at "
-            f"#{bug['seq']}: {'found' if ok else 'NOT FOUND'}")
+            f"#{bug['seq']}: {'found' if ok else 'NOT FOUND'}; C pickle reader {'on' if res['c_reader'] else 'off'}")
         return res
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -28,7 +28,7 @@ from itertools import compress
 from operator import itemgetter, methodcaller, sub
 
 from ..trace import sourceinfo
-from . import frdump
+from . import frdump, frnative
 from .load import BARRIER_OPS, BLOCK, GroupStream, RankTrace, signature
 
 #: Run id given to the ranks read from Flight Recorder dumps.
@@ -96,11 +96,10 @@ def _tensors(sizes, dtypes) -> tuple[list[str], int]:
     return out, n
 
 
-def _pg(entry: dict) -> tuple[str, str]:
-    pg = entry.get("process_group")
+def _pg(pg, pg_id) -> tuple[str, str]:
     if isinstance(pg, (list, tuple)) and pg:
         return str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
-    return str(entry.get("pg_id", "0")), ""
+    return str(pg_id), ""
 
 
 def _int(v, default: int = 0) -> int:
@@ -195,15 +194,16 @@ class _Sites:
         return sid
 
 
-def _shape(e: dict, pn) -> tuple:
-    """(group, op, elements, encoded middle of the ``c`` line, encoded group) of an entry."""
-    g, _desc = _pg(e)
-    pn = str(pn)
+def _shape(v: tuple, pg_id) -> tuple:
+    """(group, op, elements, encoded middle of the ``c`` line, encoded group) of an entry whose
+    fields (``_NAMES``) are ``v``; ``pg_id``: its ``pg_id``, "0" when it has none."""
+    g, _desc = _pg(v[1], pg_id)
+    pn = str(v[0])
     base = pn.split(":", 1)[1] if ":" in pn else pn
     base = base.split(" ", 1)[0]
     op = _OPS.get(base, base)
-    x, n = _tensors(e.get("input_sizes"), e.get("input_dtypes"))
-    xo, _ = _tensors(e.get("output_sizes"), e.get("output_dtypes"))
+    x, n = _tensors(v[3], v[4])
+    xo, _ = _tensors(v[5], v[6])
     sig = (op + "|" + signature({"op": op, "x": x})).encode()  # what load.read_rank digests
     return (g, op, n, f'"op":{_dumps(op)},"x":{_dumps(x)},"n":{n},"xo":{_dumps(xo)},', _dumps(g),
             op.encode(), sig)
@@ -255,12 +255,13 @@ class _Pass:
         self.gacc: dict[str, list] = {}  # group -> [(seq, offset in the body, kind)]
         self.channels: dict[tuple, int] = {}
 
-    def kind(self, e: dict, v: tuple, sid: int) -> list:
+    def kind(self, e: dict | None, v: tuple, sid: int) -> list:
         """The kind of an entry seen for the first time: [group, op, complete, site, state, world
         hint, the group's events, three parts of its ``c`` line, op and signature bytes (digests),
         barrier, durations of its collectives, p2p parts (worked out when first needed), name]."""
         pn, state, retired = v[0], v[7], v[8]
-        shape = _shape(e, pn)
+        # rows of the C reader (e None) always have a pg_id (frnative.REQUIRED)
+        shape = _shape(v, v[2] if e is None else e.get("pg_id", "0"))
         g, op, n, mid, gj, op_b, sig_b = shape
         # gloo never moves state past "scheduled": there, a retired entry is a finished work
         complete = state == "completed" or (bool(retired) and (self.gloo or state not in ("scheduled", "started")))
@@ -294,8 +295,13 @@ class _Pass:
         return ((g, ch), f'{{"t":"p","op":{_dumps(op)},"g":{gj},"ch":"{ch}","s":',
                 f',"x":{_dumps(x)},"n":{n},"ts":', f',"site":{sid}{tail}}}\n', f"{g}:{ch}", ("t|" + str(x)).encode())
 
-    def run(self, entries: list) -> None:
+    def run(self, entries: list, native: tuple | None = None) -> None:
+        """``entries``: dicts, or with ``native`` = (kinds, stacks, pairs) the rows of frnative.read."""
         kinds, body, stuck, rt, sites = self.kinds, self.body, self.stuck, self.rt, self.sites
+        if native is not None:
+            kvals, svals, pairs = native
+            ssids = [-1] * len(svals)
+            bypair: list = [None] * len(pairs)
         stacks: dict[int, list] = {}  # id of a stack's first frame -> [(frames, site id)]
         order, gorder, t0, world = self.order, self.gorder, self.t0, self.world
         fields = _FIELDS_FRAMES
@@ -307,61 +313,77 @@ class _Pass:
         rel = 0  # byte offset of the next line in the body
         incomplete = last_ts = 0
         for e in entries:
-            try:
-                v = fields(e)
-                frames = v[-1] if fields is _FIELDS_FRAMES else e.get("frames")
-            except KeyError:
-                v = _fields_slow(e)
-                frames = v[-1]
-            if isinstance(frames, list) and frames:
-                # torch's pickles share equal frame dicts (memo): an entry's stack is, object for
-                # object, the frames list of an earlier entry; == checks identity first, and only
-                # stacks whose equal frames name the same site (_plain_stack) are compared so
-                sid = -1
-                for ref, s in stacks.get(id(frames[0]), ()):
-                    if ref == frames:
-                        sid = s
-                        break
-                if sid < 0:
-                    sid = sites.get(frames)
-                    if _plain_stack(frames):
-                        stacks.setdefault(id(frames[0]), []).append((frames, sid))
+            if native is not None:
+                # the C reader told the entry's kind and stack apart already: look up their first
+                pidx, created, done, seq, p2p, dm, p2ps, _rid = e
+                kind = bypair[pidx]
+                if kind is None:
+                    kidx, stidx = pairs[pidx]
+                    sid = ssids[stidx]
+                    if sid < 0:
+                        sid = ssids[stidx] = sites.get(svals[stidx])
+                    kind = bypair[pidx] = kinds.get((kidx, sid))
+                    if kind is None:
+                        kind = bypair[pidx] = kinds[(kidx, sid)] = self.kind(None, kvals[kidx], sid)
             else:
-                sid = sites.get(frames)
-            try:
-                dump(v[:_KEYED])
-                kb = pop()
-                if parts:  # a large value, written in parts
-                    parts.append(kb)
-                    kb = b"".join(parts)
-                    parts.clear()
-                kk = (kb, sid)
-            except (RecursionError, ValueError):
-                parts.clear()
                 try:
-                    # a cyclic value: the memo's pickle (its MEMOIZE opcodes, which fast mode never
-                    # writes, keep the two kinds of key apart)
-                    kk = (frdump.encode(v[:_KEYED]), sid)
-                except RecursionError:  # absurdly nested values: told apart by their repr
-                    kk = (tuple(map(repr, v[:_KEYED])), sid)
-            kind = kinds.get(kk)
-            if kind is None:
-                kind = kinds[kk] = self.kind(e, v, sid)
+                    v = fields(e)
+                    frames = v[-1] if fields is _FIELDS_FRAMES else e.get("frames")
+                except KeyError:
+                    v = _fields_slow(e)
+                    frames = v[-1]
+                if isinstance(frames, list) and frames:
+                    # torch's pickles share equal frame dicts (memo): an entry's stack is, object for
+                    # object, the frames list of an earlier entry; == checks identity first, and only
+                    # stacks whose equal frames name the same site (_plain_stack) are compared so
+                    sid = -1
+                    for ref, s in stacks.get(id(frames[0]), ()):
+                        if ref == frames:
+                            sid = s
+                            break
+                    if sid < 0:
+                        sid = sites.get(frames)
+                        if _plain_stack(frames):
+                            stacks.setdefault(id(frames[0]), []).append((frames, sid))
+                else:
+                    sid = sites.get(frames)
+                try:
+                    dump(v[:_KEYED])
+                    kb = pop()
+                    if parts:  # a large value, written in parts
+                        parts.append(kb)
+                        kb = b"".join(parts)
+                        parts.clear()
+                    kk = (kb, sid)
+                except (RecursionError, ValueError):
+                    parts.clear()
+                    try:
+                        # a cyclic value: the memo's pickle (its MEMOIZE opcodes, which fast mode never
+                        # writes, keep the two kinds of key apart)
+                        kk = (frdump.encode(v[:_KEYED]), sid)
+                    except RecursionError:  # absurdly nested values: told apart by their repr
+                        kk = (tuple(map(repr, v[:_KEYED])), sid)
+                kind = kinds.get(kk)
+                if kind is None:
+                    kind = kinds[kk] = self.kind(e, v, sid)
+                created, done, seq, p2p = v[_KEYED:_KEYED + 4]
             g, _op, complete, sid, state, wc, ga, pre, mid, _ob, _sb, _bar, ds, post, _p2p, _pn = kind
-            created, done, seq, p2p = v[_KEYED:_KEYED + 4]
             created = created if isinstance(created, int) else 0
             ts = (created - t0) // 1000 if created > t0 else 0
             d = (done - created) // 1000 if isinstance(done, int) and done > created > 0 else 0
             if not d:
-                dm = e.get("duration_ms")
+                if native is None:
+                    dm = e.get("duration_ms")
                 if isinstance(dm, (int, float)) and dm > 0:
                     d = int(dm * 1000)
             if not complete:
                 incomplete += 1
             seq = seq if isinstance(seq, int) else 0
-            if p2p or (seq == 0 and _int(e.get("p2p_seq_id")) > 0):
+            if p2p or (seq == 0 and _int(e.get("p2p_seq_id") if native is None else p2ps) > 0):
                 pk = kind[_K_P2P]
                 if pk is None:
+                    if native is not None:
+                        v = kvals[pairs[pidx][0]]
                     pk = kind[_K_P2P] = self.p2p(kind, v) or ()
                 if not pk:
                     continue
@@ -477,8 +499,10 @@ def convert(job: tuple[str, str, str]) -> dict:
 def _convert(job: tuple[str, str, str]) -> dict:
     src, kind, out = job
     summary: dict = {"src": src, "out": out, "notes": []}
+    # the C reader first (plain pickles only; None: anything else, read by the restricted unpickler)
+    fast = frnative.read(src) if kind == "pickle" else None
     try:
-        dump = frdump.read(src, kind)
+        dump = fast[0] if fast is not None else frdump.read(src, kind)
     except frdump.DumpRefused as exc:
         summary["refused"] = str(exc)
         return summary
@@ -492,11 +516,20 @@ def _convert(job: tuple[str, str, str]) -> dict:
         summary["skip"] = True
         return summary
     summary["rank"] = rank
-    entries = [e for e in dump.get("entries") or [] if isinstance(e, dict)]
-    try:
-        entries.sort(key=itemgetter("record_id"))  # oldest first (normally already so)
-    except (KeyError, TypeError):
-        entries.sort(key=lambda e: _int(e.get("record_id")))
+    if fast is not None:
+        _head, entries, kvals, svals, pairs, ordered = fast
+        if not ordered:  # every record_id is an int here
+            entries.sort(key=itemgetter(7))
+        pns = (kvals[pairs[row[0]][0]][0] for row in entries)  # read up to the first with a backend
+        created = map(itemgetter(1), entries)
+    else:
+        entries = [e for e in dump.get("entries") or [] if isinstance(e, dict)]
+        try:
+            entries.sort(key=itemgetter("record_id"))  # oldest first (normally already so)
+        except (KeyError, TypeError):
+            entries.sort(key=lambda e: _int(e.get("record_id")))
+        pns = map(methodcaller("get", "profiling_name", ""), entries)
+        created = map(methodcaller("get", "time_created_ns"), entries)
     pg_config = dump.get("pg_config") if isinstance(dump.get("pg_config"), dict) else {}
     members: dict[str, list[int]] = {}
     for key, cfg in pg_config.items():
@@ -505,20 +538,20 @@ def _convert(job: tuple[str, str, str]) -> dict:
         if ranks is not None and name:
             members[name] = ranks
     backend = "?"
-    for e in entries:
-        pn = str(e.get("profiling_name", ""))
+    for pn in pns:
+        pn = str(pn)
         if ":" in pn:
             backend = pn.split(":", 1)[0]
             break
     gloo = backend == "gloo"
     # entries are in creation order: the first timestamp is the origin (an earlier one clamps to 0)
-    t0 = next((c for c in map(methodcaller("get", "time_created_ns"), entries) if isinstance(c, int) and c > 0), 0)
+    t0 = next((c for c in created if isinstance(c, int) and c > 0), 0)
     lines: list[str] = []
     sites = _Sites(lines)
     world = len(members.get("0", [])) if "0" in members else 0
     rt = RankTrace(path=out)
     entry_pass = _Pass(sites, members, gloo, t0, world, rt)
-    entry_pass.run(entries)
+    entry_pass.run(entries, None if fast is None else (kvals, svals, pairs))
     groups, gaps = entry_pass.finish()
     world, incomplete, stuck, body = entry_pass.world, entry_pass.incomplete, entry_pass.stuck, entry_pass.body
     tail_lines = body[-FR_TAIL:]
