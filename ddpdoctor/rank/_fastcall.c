@@ -45,12 +45,12 @@ enum { H_REC, H_G, H_OP, H_INSEQ, H_SITE, H_HEAD, H_MID, H_TAIL, H_SLOT_TAIL, H_
 
 static PyObject *s_shape, *s_dtype, *s_device, *s_is_cpu, *s_recorder, *s_enabled, *s_local, *s_depth,
     *s_flag, *s_inflight, *s_ddp_refs, *s_seq, *s_t0_ns, *s_slot, *s__mm, *s_writer, *s_mm, *s_write, *s_emit_bytes, *s_events,
-    *s_last_event, *s_internal_error;
+    *s_last_event, *s_internal_error, *s_sites, *s__gkind, *s_at;
 
 /* The Python objects a Wrapper holds (see make()), for the X-macros below. */
 #define FIELDS(X)                                                                          \
     X(orig) X(fastkey) X(general) X(fast) X(tc) X(failed) X(track_async) X(recmod) X(python) \
-    X(perf_ns)
+    X(perf_ns) X(lib)
 
 #define NMEMO 8 /* memo entries (see find_hit): a loop calls a collective from a few sites */
 
@@ -179,6 +179,7 @@ static long frame_lasti(PyFrameObject *f) {
  * frame.f_code/f_lasti/f_back read them. */
 typedef struct {
     PyObject *code;
+    PyObject *globals; /* (borrowed too) */
     long a, b;
 } Where;
 
@@ -206,6 +207,7 @@ static int where(Where *o) {
         return 0;
     _PyInterpreterFrame *back = complete(f->previous);
     o->code = (PyObject *)f->f_code;
+    o->globals = f->f_globals;
     o->a = iframe_lasti(f);
     o->b = back == NULL ? -1 : iframe_lasti(back);
     return 1;
@@ -227,6 +229,13 @@ static int where(Where *o) {
     Py_DECREF(code); /* still alive: the frame holds it */
     PyFrameObject *back = PyFrame_GetBack(frame);
     o->code = (PyObject *)code;
+#if PY_VERSION_HEX >= 0x030B0000
+    PyObject *g = PyFrame_GetGlobals(frame);
+    Py_XDECREF(g); /* still alive: the frame holds them */
+#else
+    PyObject *g = frame->f_globals;
+#endif
+    o->globals = g;
     o->a = frame_lasti(frame);
     o->b = back == NULL ? -1 : frame_lasti(back);
     Py_XDECREF(back);
@@ -265,7 +274,7 @@ typedef struct {
 #endif
 
 enum { A_RECORDER, A_ENABLED, A_LOCAL, A_FLAG, A_INFLIGHT, A_DDP_REFS, A_SEQ, A_T0_NS, A_SLOT,
-       A__MM, A_WRITER, A_MM, A_EVENTS, A_LAST_EVENT, A_N };
+       A__MM, A_WRITER, A_MM, A_EVENTS, A_LAST_EVENT, A_SITES, A_GKIND, A_N };
 static AttrSite get_sites[A_N], set_sites[A_N];
 
 /* 1 and the instance dict of o (a new reference) where o.name is that dict's entry; 0 where
@@ -1002,6 +1011,65 @@ static PyObject *call_failed(Wrapper *w, PyObject *rec, PyObject *hit, PyObject 
     return NULL;
 }
 
+/* The recorder whose call this thread is inside, where record_hit issued it (else NULL):
+ * such a thread has its `rec.inflight` entry, which only the thread itself removes, so any
+ * collective it calls meanwhile (torch's all_gather_into_tensor calls the patched
+ * all_gather_single) goes to `orig` whatever the other checks say. Session 6 (callgrind):
+ * that nested call cost ~640 instructions in this file (five attribute reads, the thread id,
+ * the dict lookup); this test first, ~40. */
+static _Thread_local PyObject *inside;
+
+/* `Inside(recorder_module)`: true while this thread is inside a call that record_hit issued for
+ * the module's current recorder (the test at the top of wrapper_vectorcall). fastpath's shim
+ * tests it before calling the C path: a nested call (torch's all_gather_into_tensor calling
+ * the patched all_gather_single) then calls torch's function from the shim, a Python-to-Python
+ * call, instead of through this file (a C call and a fresh interpreter loop for torch's
+ * function: ~900 instructions, callgrind); a call that is not nested pays ~40 for the test. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *recmod;
+} InsideObject;
+
+static int inside_bool(InsideObject *self) {
+    if (inside == NULL)
+        return 0;
+    PyObject *rec = get_attr(self->recmod, A_RECORDER, s_recorder);
+    if (rec == NULL)
+        return -1;
+    Py_DECREF(rec);
+    return rec == inside;
+}
+
+static PyObject *inside_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *recmod;
+    if (!PyArg_ParseTuple(args, "O:Inside", &recmod))
+        return NULL;
+    InsideObject *self = (InsideObject *)type->tp_alloc(type, 0);
+    if (self != NULL) {
+        Py_INCREF(recmod);
+        self->recmod = recmod;
+    }
+    return (PyObject *)self;
+}
+
+static void inside_dealloc(InsideObject *self) {
+    Py_XDECREF(self->recmod);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyNumberMethods inside_number = {.nb_bool = (inquiry)inside_bool};
+
+static PyTypeObject InsideType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ddpdoctor.rank._fastcall.Inside",
+    .tp_doc = "Inside(recorder_module): true while this thread is inside a call recorded by the C path.",
+    .tp_basicsize = sizeof(InsideObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_as_number = &inside_number,
+    .tp_new = inside_new,
+    .tp_dealloc = (destructor)inside_dealloc,
+};
+
 /* cur: seqs.get(g) (borrowed; the caller looked it up, an exact int or NULL) */
 static PyObject *record_hit(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight,
                             PyObject *tid, PyObject *seqs, PyObject *cur, PyObject *const *args,
@@ -1069,7 +1137,10 @@ static PyObject *record_hit(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *
     }
     Py_DECREF(entry);
     /* the user's call, with the very arguments it was given */
+    PyObject *outer = inside;
+    inside = rec; /* (rec is held by our caller throughout) */
     PyObject *result = PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
+    inside = outer;
     if (result == NULL) {
         PyObject *exc = take_exc();
         PyObject *r = call_failed(w, rec, hit, inflight, tid, exc, seq, start, ts, iseq);
@@ -1112,6 +1183,80 @@ static PyObject *thread_id(void) {
     return tid_obj;
 }
 
+/* ---- library callers ---------------------------------------------------------------------
+ *
+ * A collective called by library code (FSDP2's all-gathers and reduce-scatters, see
+ * libcalls.py) has no Hit under its caller's key: its site is the user's line further out,
+ * one of many for one library line. dist's general path stores its Hit in `lib` under (key,
+ * site) instead; here the same lookup is made (the caller told by its globals, as
+ * rec.sites._gkind classifies them; the site by rec.sites.at(frame)) and a Hit found is
+ * recorded by record_hit, the path of a user's repeat call, where libcalls.replay did it in
+ * Python. Anything unusual (no such table, a site lookup that raises) finds no Hit: the general
+ * path then does what it did before, its own error reports included. */
+static int lib_hit(Wrapper *w, PyObject *rec, const Where *at, PyObject *key, PyObject **frame,
+                   PyObject **hit) {
+    if (!PyDict_CheckExact(w->lib) || at->globals == NULL)
+        return 0;
+    PyObject *sites = GET(rec, SITES, s_sites), *gkind = NULL, *gid = NULL, *site = NULL;
+    PyObject *lkey = NULL;
+    int r = -1;
+    if (sites == NULL || (gkind = GET(sites, GKIND, s__gkind)) == NULL)
+        goto out;
+    r = 0;
+    if (!PyDict_CheckExact(gkind))
+        goto out;
+    /* gk = _gkind.get(object.__hash__(frame.f_globals)); a library caller where gk[1] */
+    if ((gid = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash(at->globals))) == NULL) {
+        r = -1;
+        goto out;
+    }
+    PyObject *gk = PyDict_GetItemWithError(gkind, gid); /* borrowed */
+    if (gk == NULL || !PyTuple_CheckExact(gk) || PyTuple_GET_SIZE(gk) < 2) {
+        r = PyErr_Occurred() ? -1 : 0;
+        goto out;
+    }
+    int is_lib = PyObject_IsTrue(PyTuple_GET_ITEM(gk, 1));
+    if (is_lib <= 0) {
+        r = is_lib;
+        goto out;
+    }
+    if (*frame == NULL && (*frame = user_frame()) == NULL)
+        goto out;
+    site = PyObject_CallMethodOneArg(sites, s_at, *frame);
+    if (site == NULL) { /* the general path looks it up again and reports what it raises */
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            r = -1;
+        else
+            PyErr_Clear();
+        goto out;
+    }
+    if ((lkey = PyTuple_Pack(2, key, site)) == NULL) {
+        r = -1;
+        goto out;
+    }
+    PyObject *h = PyDict_GetItemWithError(w->lib, lkey); /* borrowed */
+    if (h == NULL) {
+        if (PyErr_Occurred()) { /* (as general's own lookup: reported there) */
+            if (!PyErr_ExceptionMatches(PyExc_Exception))
+                r = -1;
+            else
+                PyErr_Clear();
+        }
+        goto out;
+    }
+    if (PyTuple_Check(h) && PyTuple_GET_SIZE(h) >= H_N && PyTuple_GET_ITEM(h, H_REC) == rec) {
+        Py_INCREF(h);
+        *hit = h;
+    }
+out:
+    Py_XDECREF(sites);
+    Py_XDECREF(gkind);
+    Py_XDECREF(gid);
+    Py_XDECREF(site);
+    Py_XDECREF(lkey);
+    return r;
+}
+
 static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                     PyObject *kwnames) {
     Wrapper *w = (Wrapper *)self;
@@ -1119,6 +1264,10 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
     PyObject *rec = GET(w->recmod, RECORDER, s_recorder);
     if (rec == NULL)
         return NULL;
+    if (rec == inside) { /* nested in a call recorded here, on this thread (see `inside`) */
+        Py_DECREF(rec);
+        return PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
+    }
     PyObject *tid = NULL, *inflight = NULL, *seqs = NULL, *argt = NULL, *kw = NULL, *key = NULL;
     PyObject *hit = NULL, *result = NULL, *frame = NULL;
     int r = tracing(w, rec);
@@ -1152,13 +1301,17 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
             if (find_hit(w, rec, &at, args, nargs, kwnames, &argt, &kw, &key,
                          &hit) < 0)
                 goto done;
+            /* no Hit for a user's line: a library caller's, by (key, the user's site)? */
+            if (hit == NULL && key != NULL && key != Py_None &&
+                lib_hit(w, rec, &at, key, &frame, &hit) < 0)
+                goto done;
         }
     }
     if (hit == NULL || !PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) < H_N ||
         PyTuple_GET_ITEM(hit, H_REC) != rec) {
         if (argt == NULL && pack(args, nargs, kwnames, &argt, &kw) < 0)
             goto done;
-        if ((frame = user_frame()) == NULL)
+        if (frame == NULL && (frame = user_frame()) == NULL)
             goto python;
         PyObject *gargs[7] = {rec, tid, frame, key == NULL ? Py_None : key, w->fast, argt, kw};
         result = PyObject_Vectorcall(w->general, gargs, 7, NULL);
@@ -1264,9 +1417,9 @@ static PyObject *make(PyObject *module, PyObject *args) {
     FIELDS(NULLIFY)
     memset(w->memo, 0, sizeof w->memo);
     PyObject *plan;
-    if (!PyArg_ParseTuple(args, "OOOO!pOOOOOOO:make", &w->orig, &w->fastkey, &w->general,
+    if (!PyArg_ParseTuple(args, "OOOO!pOOOOOOOO:make", &w->orig, &w->fastkey, &w->general,
                           &PyDict_Type, &w->fast, &w->reducing, &w->tc, &w->failed,
-                          &w->track_async, &w->recmod, &w->python, &w->perf_ns, &plan)) {
+                          &w->track_async, &w->recmod, &w->python, &w->perf_ns, &plan, &w->lib)) {
         FIELDS(NULLIFY) /* borrowed until parsed */
         Py_DECREF(w);
         return NULL;
@@ -1284,7 +1437,8 @@ static PyObject *make(PyObject *module, PyObject *args) {
 static PyMethodDef methods[] = {
     {"make", make, METH_VARARGS,
      "make(orig, fastkey, general, fast, reducing, tc, failed, track_async, recorder_module,"
-     " python_wrapper, perf_counter_ns, key_plan) -> Wrapper: see fastpath.make_wrapper."},
+     " python_wrapper, perf_counter_ns, key_plan, library_hits) -> Wrapper: see"
+     " fastpath.make_wrapper."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1295,7 +1449,7 @@ static struct PyModuleDef moduledef = {
 };
 
 PyMODINIT_FUNC PyInit__fastcall(void) {
-    if (PyType_Ready(&WrapperType) < 0 || PyType_Ready(&DepthType) < 0)
+    if (PyType_Ready(&WrapperType) < 0 || PyType_Ready(&DepthType) < 0 || PyType_Ready(&InsideType) < 0)
         return NULL;
 #define INTERN(var, text)                                   \
     if ((var = PyUnicode_InternFromString(text)) == NULL) \
@@ -1322,6 +1476,9 @@ PyMODINIT_FUNC PyInit__fastcall(void) {
     INTERN(s_events, "events");
     INTERN(s_last_event, "last_event");
     INTERN(s_internal_error, "internal_error");
+    INTERN(s_sites, "sites");
+    INTERN(s__gkind, "_gkind");
+    INTERN(s_at, "at");
 #undef INTERN
     PyObject *m = PyModule_Create(&moduledef);
     Py_INCREF(&WrapperType);
@@ -1332,6 +1489,11 @@ PyMODINIT_FUNC PyInit__fastcall(void) {
     Py_INCREF(&DepthType);
     if (m != NULL && PyModule_AddObject(m, "Depth", (PyObject *)&DepthType) < 0) {
         Py_DECREF(&DepthType);
+        Py_CLEAR(m);
+    }
+    Py_INCREF(&InsideType);
+    if (m != NULL && PyModule_AddObject(m, "Inside", (PyObject *)&InsideType) < 0) {
+        Py_DECREF(&InsideType);
         Py_CLEAR(m);
     }
     return m;
