@@ -45,7 +45,7 @@ enum { H_REC, H_G, H_OP, H_INSEQ, H_SITE, H_HEAD, H_MID, H_TAIL, H_SLOT_TAIL, H_
 
 static PyObject *s_shape, *s_dtype, *s_device, *s_is_cpu, *s_recorder, *s_enabled, *s_local, *s_depth,
     *s_flag, *s_inflight, *s_ddp_refs, *s_seq, *s_t0_ns, *s_slot, *s__mm, *s_writer, *s_mm, *s_write, *s_emit_bytes, *s_events,
-    *s_last_event, *s_internal_error, *s_sites, *s__gkind, *s_at;
+    *s_last_event, *s_internal_error, *s_sites, *s__gkind, *s_at, *s__lib, *s__at;
 
 /* The Python objects a Wrapper holds (see make()), for the X-macros below. */
 #define FIELDS(X)                                                                          \
@@ -181,6 +181,9 @@ typedef struct {
     PyObject *code;
     PyObject *globals; /* (borrowed too) */
     long a, b;
+#if FAST_FRAMES
+    struct _PyInterpreterFrame *frame; /* the user's frame, in place */
+#endif
 } Where;
 
 #if FAST_FRAMES
@@ -208,6 +211,7 @@ static int where(Where *o) {
     _PyInterpreterFrame *back = complete(f->previous);
     o->code = (PyObject *)f->f_code;
     o->globals = f->f_globals;
+    o->frame = f;
     o->a = iframe_lasti(f);
     o->b = back == NULL ? -1 : iframe_lasti(back);
     return 1;
@@ -274,7 +278,7 @@ typedef struct {
 #endif
 
 enum { A_RECORDER, A_ENABLED, A_LOCAL, A_FLAG, A_INFLIGHT, A_DDP_REFS, A_SEQ, A_T0_NS, A_SLOT,
-       A__MM, A_WRITER, A_MM, A_EVENTS, A_LAST_EVENT, A_SITES, A_GKIND, A_N };
+       A__MM, A_WRITER, A_MM, A_EVENTS, A_LAST_EVENT, A_SITES, A_GKIND, A_LIBK, A_ATD, A_N };
 static AttrSite get_sites[A_N], set_sites[A_N];
 
 /* 1 and the instance dict of o (a new reference) where o.name is that dict's entry; 0 where
@@ -1183,6 +1187,109 @@ static PyObject *thread_id(void) {
     return tid_obj;
 }
 
+/* SiteTable.at's hit (callsite.py; the key of _sitewalk.c's site_key) read on the interpreter's
+ * frames in place: the call site's id (a new reference), or NULL with no error where a frame
+ * is not classified yet or the key is not in the table (SiteTable.at then does it all), NULL
+ * with an error set on an error. Session 6 (callgrind, FSDP2): site_key's PyFrame_GetBack made
+ * a frame object for each of the 11-16 library frames between FSDP's call and the user's
+ * line, ~11k instructions a collective. */
+static PyObject *site_in_place(PyObject *sites, PyObject *gkind, const Where *at) {
+#if FAST_FRAMES
+    PyObject *libk = GET(sites, LIBK, s__lib), *atd = NULL, *key = NULL, *sid = NULL, *id;
+    PyObject *fw[2 * MAXPLAN];
+    int nfw = 0, ok = 0;
+    if (libk == NULL || (atd = GET(sites, ATD, s__at)) == NULL)
+        goto out;
+    if (!PyDict_CheckExact(libk) || !PyDict_CheckExact(atd))
+        goto out;
+    _PyInterpreterFrame *f = at->frame, *b;
+    /* frames of plain library modules, told by their globals (skip_library) */
+    for (;;) {
+        if ((id = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash(f->f_globals))) == NULL)
+            goto out;
+        PyObject *gk = PyDict_GetItemWithError(gkind, id);
+        Py_DECREF(id);
+        if (gk == NULL) {
+            if (PyErr_Occurred())
+                goto out;
+            ok = 1; /* not classified yet: SiteTable.at */
+            goto out;
+        }
+        if (!PyTuple_Check(gk) || PyTuple_GET_SIZE(gk) < 2)
+            break;
+        int r = PyObject_IsTrue(PyTuple_GET_ITEM(gk, 1));
+        if (r < 0)
+            goto out;
+        if (!r || (b = complete(f->previous)) == NULL)
+            break;
+        f = b;
+    }
+    /* then frames by their code: library (1) passed, frameworks (2) part of the key */
+    PyObject *cid = NULL;
+    for (;;) {
+        Py_XDECREF(cid);
+        if ((cid = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash((PyObject *)f->f_code))) == NULL)
+            goto out_fw;
+        PyObject *kind = PyDict_GetItemWithError(libk, cid);
+        if (kind == NULL || !PyLong_CheckExact(kind)) {
+            ok = !PyErr_Occurred();
+            Py_DECREF(cid);
+            goto out_fw;
+        }
+        long k = PyLong_AsLong(kind);
+        if (k == 0)
+            break;
+        if (k == 2) {
+            if (nfw + 2 > 2 * MAXPLAN) { /* a deep framework stack: SiteTable.at */
+                ok = 1;
+                Py_DECREF(cid);
+                goto out_fw;
+            }
+            Py_INCREF(cid);
+            fw[nfw++] = cid;
+            if ((fw[nfw] = PyLong_FromLong(iframe_lasti(f))) == NULL) {
+                Py_DECREF(cid);
+                goto out_fw;
+            }
+            nfw++;
+        }
+        if ((b = complete(f->previous)) == NULL)
+            break;
+        f = b;
+    }
+    b = complete(f->previous);
+    key = PyTuple_New(3 + nfw);
+    if (key == NULL) {
+        Py_DECREF(cid);
+        goto out_fw;
+    }
+    PyTuple_SET_ITEM(key, 0, cid);
+    PyTuple_SET_ITEM(key, 1, PyLong_FromLong(iframe_lasti(f)));
+    PyTuple_SET_ITEM(key, 2, PyLong_FromLong(b == NULL ? -1 : iframe_lasti(b)));
+    for (int i = 0; i < nfw; i++)
+        PyTuple_SET_ITEM(key, 3 + i, fw[i]); /* the references move into the key */
+    nfw = 0;
+    if (PyTuple_GET_ITEM(key, 1) == NULL || PyTuple_GET_ITEM(key, 2) == NULL)
+        goto out;
+    sid = PyDict_GetItemWithError(atd, key);
+    Py_XINCREF(sid);
+    ok = sid != NULL || !PyErr_Occurred();
+    goto out;
+out_fw:
+    while (nfw > 0)
+        Py_DECREF(fw[--nfw]);
+out:
+    if (!ok && PyErr_ExceptionMatches(PyExc_Exception))
+        PyErr_Clear(); /* SiteTable.at runs and reports what it raises */
+    Py_XDECREF(libk);
+    Py_XDECREF(atd);
+    Py_XDECREF(key);
+    return sid;
+#else
+    return NULL;
+#endif
+}
+
 /* ---- library callers ---------------------------------------------------------------------
  *
  * A collective called by library code (FSDP2's all-gathers and reduce-scatters, see
@@ -1220,9 +1327,13 @@ static int lib_hit(Wrapper *w, PyObject *rec, const Where *at, PyObject *key, Py
         r = is_lib;
         goto out;
     }
-    if (*frame == NULL && (*frame = user_frame()) == NULL)
+    site = site_in_place(sites, gkind, at);
+    if (site == NULL && PyErr_Occurred())
         goto out;
-    site = PyObject_CallMethodOneArg(sites, s_at, *frame);
+    if (site == NULL && *frame == NULL && (*frame = user_frame()) == NULL)
+        goto out;
+    if (site == NULL)
+        site = PyObject_CallMethodOneArg(sites, s_at, *frame);
     if (site == NULL) { /* the general path looks it up again and reports what it raises */
         if (!PyErr_ExceptionMatches(PyExc_Exception))
             r = -1;
@@ -1479,6 +1590,8 @@ PyMODINIT_FUNC PyInit__fastcall(void) {
     INTERN(s_sites, "sites");
     INTERN(s__gkind, "_gkind");
     INTERN(s_at, "at");
+    INTERN(s__lib, "_lib");
+    INTERN(s__at, "_at");
 #undef INTERN
     PyObject *m = PyModule_Create(&moduledef);
     Py_INCREF(&WrapperType);

@@ -127,3 +127,36 @@ def test_a_site_lookup_that_raises_leaves_the_call_to_the_general_path(monkeypat
         _is_compiling_flag=False)), (None, None), {})
     assert LIB["lib_call"](w, torch.ones(1)) == "general"
     assert len(calls) == 1 and len(general_calls) == 1 and rec.writer.mm.data == []
+
+
+def test_the_site_is_read_in_place_as_site_table_at_finds_it(monkeypatch):
+    """With a real SiteTable: the C path reads the site's key on the interpreter's frames
+    (3.11) and finds the id SiteTable.at gave the first call; it calls at() only on a miss."""
+    import sys
+
+    from ddpdoctor.rank.callsite import SiteTable
+
+    class Counting(SiteTable):
+        calls = 0
+
+        def at(self, f):
+            Counting.calls += 1
+            return super().at(f)
+
+    out = {}
+    for use_native in (False, True):
+        Counting.calls = 0
+        sites = Counting(lambda rec: None)
+        sites._gkind[object.__hash__(LIB)] = (LIB, 1)  # LIB is a library module here
+        monkeypatch.setattr(_Sites, "__new__", lambda cls: sites)
+        monkeypatch.setattr(_Sites, "__init__", lambda self: None)
+        out[use_native] = _run(use_native, monkeypatch)
+        out[use_native]["at_calls"] = Counting.calls
+    py, c = out[False], out[True]
+    assert py["at_calls"] == 6  # the general path's lookup, every call
+    if sys.version_info[:2] == (3, 11):
+        # twice for each of the two first calls (the C path's miss, then the general path's)
+        assert c["at_calls"] == 4
+    for r in (py, c):
+        del r["replays"], r["at_calls"]
+    assert c == py and len(py["sites"]) == 2 and py["general"] == 2
