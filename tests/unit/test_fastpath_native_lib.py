@@ -11,10 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ddpdoctor.rank.patches import fastpath, libcalls  # noqa: E402
 from test_fastpath_native import _all_reduce, _norm, _Rec  # noqa: E402
 
 from ddpdoctor.rank.patches import dist as patch_dist  # noqa: E402
+from ddpdoctor.rank.patches import fastpath, libcalls  # noqa: E402
 
 native = pytest.importorskip("ddpdoctor.rank._fastcall", reason="C extension not built (no compiler)")
 
@@ -148,7 +148,7 @@ def test_the_site_is_read_in_place_as_site_table_at_finds_it(monkeypatch):
         Counting.calls = 0
         sites = Counting(lambda rec: None)
         sites._gkind[object.__hash__(LIB)] = (LIB, 1)  # LIB is a library module here
-        monkeypatch.setattr(_Sites, "__new__", lambda cls: sites)
+        monkeypatch.setattr(_Sites, "__new__", lambda cls, s=sites: s)
         monkeypatch.setattr(_Sites, "__init__", lambda self: None)
         out[use_native] = _run(use_native, monkeypatch)
         out[use_native]["at_calls"] = Counting.calls
