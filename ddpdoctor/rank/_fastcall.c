@@ -137,13 +137,24 @@ static long long us(long long ns) {
 
 /* Decimal digits of v, as b"%d" writes them, into buf (>= 21 bytes); returns the length. */
 static Py_ssize_t digits(char *buf, long long v) {
+    /* two digits a step (session 6: ~300 instructions a call for the three numbers, one
+     * digit a step) */
+    static const char pairs[201] =
+        "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+        "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+        "8081828384858687888990919293949596979899";
     char tmp[24];
     int n = 0;
     unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
-    do {
-        tmp[n++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
+    while (u >= 10) {
+        unsigned r = (unsigned)(u % 100);
+        u /= 100;
+        tmp[n++] = pairs[2 * r + 1];
+        tmp[n++] = pairs[2 * r];
+    }
+    /* (a pair made from u >= 10 has no leading 0: its high digit, or more pairs, follow) */
+    if (u > 0 || n == 0)
+        tmp[n++] = (char)('0' + u);
     Py_ssize_t len = 0;
     if (v < 0)
         buf[len++] = '-';
@@ -904,6 +915,34 @@ static int store_slot(PyObject *slot, const Piece *ps, int k) {
     return r;
 }
 
+/* mm.write(data). For an object whose type has no instance dict and the generic getattro (the
+ * mmap), mm.write is the bound method of the type's `write` descriptor: that descriptor,
+ * looked up once per type version (as getset_attr), is called with (mm, data), which saves
+ * the method lookup of PyObject_VectorcallMethod (~150 instructions, callgrind). */
+static PyObject *call_write(PyObject *mm, PyObject *data) {
+    static PyTypeObject *tp;
+    static unsigned int tag;
+    static PyObject *descr; /* held */
+    PyTypeObject *t = Py_TYPE(mm);
+    if (t != tp || t->tp_version_tag != tag || tag == 0) {
+        tp = NULL;
+        PyObject *d = NULL;
+        if (t->tp_getattro == PyObject_GenericGetAttr && t->tp_dictoffset == 0
+#ifdef Py_TPFLAGS_MANAGED_DICT
+            && !(t->tp_flags & Py_TPFLAGS_MANAGED_DICT)
+#endif
+        )
+            d = _PyType_Lookup(t, s_write);
+        if (d == NULL || Py_TYPE(d) != &PyMethodDescr_Type || t->tp_version_tag == 0)
+            return PyObject_VectorcallMethod(s_write, (PyObject *[]){mm, data}, 2, NULL);
+        Py_INCREF(d);
+        Py_XSETREF(descr, d);
+        tag = t->tp_version_tag;
+        tp = t;
+    }
+    return PyObject_Vectorcall(descr, (PyObject *[]){mm, data}, 2, NULL);
+}
+
 /* Everything after a successful call (fastpath's second `try` block); -1 with an error set. */
 static int after(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight, PyObject *tid,
                  PyObject *result, const Piece *pre, long long start, long long ts,
@@ -928,8 +967,7 @@ static int after(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight, P
         PyObject *mm = GET(writer, MM, s_mm);
         Py_DECREF(writer);
         if (mm != NULL) {
-            r = PyObject_VectorcallMethod(s_write, (PyObject *[]){mm, data},
-                                          2, NULL);
+            r = call_write(mm, data);
             Py_DECREF(mm);
         }
     }
@@ -1187,6 +1225,60 @@ static PyObject *thread_id(void) {
     return tid_obj;
 }
 
+#if FAST_FRAMES
+/* SiteTable's verdicts on frames (_gkind by globals, _lib by code, both keyed by
+ * object.__hash__) kept by address while the table is unchanged (its PEP 509 version, which
+ * every change moves, and which no other dict shares): one comparison a frame instead of an
+ * int made and a dict lookup (~470 instructions a frame, ~18 frames a FSDP2 collective,
+ * callgrind). An address in the table is held by it (_gkind holds the globals, SiteTable._codes
+ * the codes, cleared with _lib), so it is never another object's meanwhile; an object not in
+ * the table is not in it while the table is unchanged, whatever its address. */
+#define NVERDICT 128
+typedef struct {
+    PyObject *table; /* compared only */
+    unsigned long long ver;
+    void *key[NVERDICT];
+    signed char val[NVERDICT];
+} Verdicts;
+static Verdicts g_verdicts, c_verdicts;
+
+/* table[object.__hash__(obj)] as a verdict: _gkind: 1 plain library globals, 0 not, 2 not
+ * classified; _lib: the kind 0, 1, 2, or 3 not classified. -1 with an error set. */
+static int verdict(Verdicts *v, PyObject *table, PyObject *obj, int globals) {
+    if (v->table != table || DICT_VER(table) != v->ver) {
+        memset(v->key, 0, sizeof v->key);
+        v->table = table;
+        v->ver = DICT_VER(table);
+    }
+    size_t slot = ((size_t)obj >> 4) % NVERDICT;
+    if (v->key[slot] == obj)
+        return v->val[slot];
+    PyObject *id = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash(obj));
+    if (id == NULL)
+        return -1;
+    PyObject *k = PyDict_GetItemWithError(table, id); /* borrowed */
+    Py_DECREF(id);
+    int r;
+    if (k == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        r = globals ? 2 : 3;
+    } else if (globals) { /* (g, flag): anything else stops the pass, as in skip_library */
+        r = PyTuple_Check(k) && PyTuple_GET_SIZE(k) >= 2 ? PyObject_IsTrue(PyTuple_GET_ITEM(k, 1)) : 0;
+        if (r < 0)
+            return -1;
+    } else {
+        long kind = PyLong_CheckExact(k) ? PyLong_AsLong(k) : 3;
+        r = kind >= 0 && kind <= 2 ? (int)kind : 3;
+    }
+    if (DICT_VER(table) == v->ver) { /* (IsTrue ran no code that changed it) */
+        v->key[slot] = obj;
+        v->val[slot] = (signed char)r;
+    }
+    return r;
+}
+#endif
+
 /* SiteTable.at's hit (callsite.py; the key of _sitewalk.c's site_key) read on the interpreter's
  * frames in place: the call site's id (a new reference), or NULL with no error where a frame
  * is not classified yet or the key is not in the table (SiteTable.at then does it all), NULL
@@ -1195,7 +1287,7 @@ static PyObject *thread_id(void) {
  * line, ~11k instructions a collective. */
 static PyObject *site_in_place(PyObject *sites, PyObject *gkind, const Where *at) {
 #if FAST_FRAMES
-    PyObject *libk = GET(sites, LIBK, s__lib), *atd = NULL, *key = NULL, *sid = NULL, *id;
+    PyObject *libk = GET(sites, LIBK, s__lib), *atd = NULL, *key = NULL, *sid = NULL;
     PyObject *fw[2 * MAXPLAN];
     int nfw = 0, ok = 0;
     if (libk == NULL || (atd = GET(sites, ATD, s__at)) == NULL)
@@ -1205,21 +1297,13 @@ static PyObject *site_in_place(PyObject *sites, PyObject *gkind, const Where *at
     _PyInterpreterFrame *f = at->frame, *b;
     /* frames of plain library modules, told by their globals (skip_library) */
     for (;;) {
-        if ((id = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash(f->f_globals))) == NULL)
+        int r = verdict(&g_verdicts, gkind, f->f_globals, 1);
+        if (r < 0)
             goto out;
-        PyObject *gk = PyDict_GetItemWithError(gkind, id);
-        Py_DECREF(id);
-        if (gk == NULL) {
-            if (PyErr_Occurred())
-                goto out;
+        if (r == 2) {
             ok = 1; /* not classified yet: SiteTable.at */
             goto out;
         }
-        if (!PyTuple_Check(gk) || PyTuple_GET_SIZE(gk) < 2)
-            break;
-        int r = PyObject_IsTrue(PyTuple_GET_ITEM(gk, 1));
-        if (r < 0)
-            goto out;
         if (!r || (b = complete(f->previous)) == NULL)
             break;
         f = b;
@@ -1227,36 +1311,32 @@ static PyObject *site_in_place(PyObject *sites, PyObject *gkind, const Where *at
     /* then frames by their code: library (1) passed, frameworks (2) part of the key */
     PyObject *cid = NULL;
     for (;;) {
-        Py_XDECREF(cid);
-        if ((cid = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash((PyObject *)f->f_code))) == NULL)
-            goto out_fw;
-        PyObject *kind = PyDict_GetItemWithError(libk, cid);
-        if (kind == NULL || !PyLong_CheckExact(kind)) {
-            ok = !PyErr_Occurred();
-            Py_DECREF(cid);
+        int k = verdict(&c_verdicts, libk, (PyObject *)f->f_code, 0);
+        if (k < 0 || k == 3) {
+            ok = k == 3; /* not classified yet: SiteTable.at */
             goto out_fw;
         }
-        long k = PyLong_AsLong(kind);
         if (k == 0)
             break;
         if (k == 2) {
             if (nfw + 2 > 2 * MAXPLAN) { /* a deep framework stack: SiteTable.at */
                 ok = 1;
-                Py_DECREF(cid);
                 goto out_fw;
             }
-            Py_INCREF(cid);
-            fw[nfw++] = cid;
-            if ((fw[nfw] = PyLong_FromLong(iframe_lasti(f))) == NULL) {
-                Py_DECREF(cid);
+            fw[nfw] = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash((PyObject *)f->f_code));
+            if (fw[nfw] == NULL)
                 goto out_fw;
-            }
+            nfw++;
+            if ((fw[nfw] = PyLong_FromLong(iframe_lasti(f))) == NULL)
+                goto out_fw;
             nfw++;
         }
         if ((b = complete(f->previous)) == NULL)
             break;
         f = b;
     }
+    if ((cid = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash((PyObject *)f->f_code))) == NULL)
+        goto out_fw;
     b = complete(f->previous);
     key = PyTuple_New(3 + nfw);
     if (key == NULL) {
