@@ -1393,6 +1393,13 @@ static int lib_hit(Wrapper *w, PyObject *rec, const Where *at, PyObject *key, Py
     if (!PyDict_CheckExact(gkind))
         goto out;
     /* gk = _gkind.get(object.__hash__(frame.f_globals)); a library caller where gk[1] */
+#if FAST_FRAMES
+    int is_lib = verdict(&g_verdicts, gkind, at->globals, 1);
+    if (is_lib != 1) {
+        r = is_lib < 0 ? -1 : 0;
+        goto out;
+    }
+#else
     if ((gid = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash(at->globals))) == NULL) {
         r = -1;
         goto out;
@@ -1407,6 +1414,7 @@ static int lib_hit(Wrapper *w, PyObject *rec, const Where *at, PyObject *key, Py
         r = is_lib;
         goto out;
     }
+#endif
     site = site_in_place(sites, gkind, at);
     if (site == NULL && PyErr_Occurred())
         goto out;
