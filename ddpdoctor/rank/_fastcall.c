@@ -42,6 +42,7 @@ enum { H_REC, H_G, H_OP, H_INSEQ, H_SITE, H_HEAD, H_MID, H_TAIL, H_SLOT_TAIL, H_
        H_ENT, H_CODE, H_N };
 
 #define MAXPLAN 8 /* branches of a key plan, and terms of one (torch's signatures: <= 6) */
+#define KWROW MAXPLAN /* the plan's row for calls with keyword arguments */
 
 static PyObject *s_shape, *s_dtype, *s_device, *s_is_cpu, *s_recorder, *s_enabled, *s_local, *s_depth,
     *s_flag, *s_inflight, *s_ddp_refs, *s_seq, *s_t0_ns, *s_slot, *s__mm, *s_writer, *s_mm, *s_write, *s_emit_bytes, *s_events,
@@ -72,7 +73,13 @@ typedef struct {
      * arguments, term i of the key is args[pos[n][i]], read as kind[n][i] (0: its shape, dtype
      * and device; 1: its identity; 2: itself). nplan 0: no plan, the Python key function. */
     int nplan;
-    signed char plen[MAXPLAN], pos[MAXPLAN][MAXPLAN], kind[MAXPLAN][MAXPLAN];
+    signed char plen[MAXPLAN + 1], pos[MAXPLAN + 1][MAXPLAN], kind[MAXPLAN + 1][MAXPLAN];
+    /* row KWROW of the plan: a call with keyword arguments (fastpath.key_function's `kwplan`):
+     * term i is the argument of parameter kwname[i] (position kwpos[i], else by keyword, else
+     * its default kwdef[i]), the key's tag -1. kwlen 0: no such plan (the Python key function). */
+    int kwlen;
+    Py_ssize_t kwpos[MAXPLAN];
+    PyObject *kwname[MAXPLAN], *kwdef[MAXPLAN]; /* held */
     Memo memo[NMEMO];
 } Wrapper;
 
@@ -655,6 +662,7 @@ fail:
 /* The key (code, lasti, caller's lasti, n, terms...), the tuple the Python key function
  * returns; NULL with an error set. */
 static PyObject *plan_key(Wrapper *w, PyObject *head[3], Py_ssize_t n, PyObject **vals, int nv) {
+    Py_ssize_t tag = n == KWROW ? -1 : n; /* the Python key's branch tag */
     PyObject *key = PyTuple_New(4 + nv), *v;
     if (key == NULL)
         return NULL;
@@ -662,7 +670,7 @@ static PyObject *plan_key(Wrapper *w, PyObject *head[3], Py_ssize_t n, PyObject 
         Py_INCREF(head[i]);
         PyTuple_SET_ITEM(key, i, head[i]);
     }
-    if ((v = PyLong_FromSsize_t(n)) == NULL) {
+    if ((v = PyLong_FromSsize_t(tag)) == NULL) {
         Py_DECREF(key);
         return NULL;
     }
@@ -768,6 +776,31 @@ static void memo_store(Memo *m, PyObject *code, long a, long b, Py_ssize_t n, Py
     m->nv = nv;
 }
 
+/* The arguments of the kwplan's terms for a call with keyword arguments (borrowed), as the
+ * Python key reads them: `args[pos] if n > pos else kwargs.get(name, default)`. */
+static void resolve_kw(Wrapper *w, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                       PyObject **out) {
+    Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+    for (int i = 0; i < w->kwlen; i++) {
+        Py_ssize_t p = w->kwpos[i];
+        PyObject *v = NULL;
+        if (p < nargs) {
+            v = args[p];
+        } else {
+            /* keyword names are interned where the call is compiled: identity first */
+            for (Py_ssize_t j = 0; j < nk && v == NULL; j++)
+                if (PyTuple_GET_ITEM(kwnames, j) == w->kwname[i])
+                    v = args[nargs + j];
+            for (Py_ssize_t j = 0; j < nk && v == NULL; j++)
+                if (PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, j), w->kwname[i]) == 0)
+                    v = args[nargs + j];
+            if (PyErr_Occurred())
+                PyErr_Clear(); /* (a name that is no str: no match, as kwargs.get) */
+        }
+        out[i] = v == NULL ? w->kwdef[i] : v;
+    }
+}
+
 /* The Hit of this call from `frame` (a new reference) into *hit, or NULL where there is none,
  * and its key (fastpath.key_function) into *key: None where the arguments cannot be keyed
  * (AttributeError/TypeError: the general path then handles the call), NULL where the memo
@@ -782,11 +815,18 @@ static int find_hit(Wrapper *w, PyObject *rec, const Where *at, PyObject *const 
     int nv = -2; /* -2: no plan (the Python key function), -1: the terms raised */
     Memo *m = NULL;
     int nokw = kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0;
-    if (nokw && nargs < w->nplan) {
-        nv = read_terms(w, args, nargs, vals);
+    Py_ssize_t row = nargs;
+    PyObject *resolved[MAXPLAN];
+    if (!nokw && w->kwlen > 0 && nargs <= MAXPLAN) { /* keyword arguments: the kwplan row */
+        resolve_kw(w, args, nargs, kwnames, resolved);
+        args = resolved;
+        row = KWROW;
+    }
+    if ((nokw && nargs < w->nplan) || row == KWROW) {
+        nv = read_terms(w, args, row, vals);
         if (nv >= 0) {
             m = memo_slot(w, code, la, lb);
-            if (memo_match(w, m, code, la, lb, nargs, vals, nv) &&
+            if (memo_match(w, m, code, la, lb, row, vals, nv) &&
                 PyTuple_GET_ITEM(m->hit, H_REC) == rec) {
                 *hit = m->hit;
                 Py_INCREF(*hit);
@@ -800,7 +840,7 @@ static int find_hit(Wrapper *w, PyObject *rec, const Where *at, PyObject *const 
     if (ident != NULL && a != NULL && b != NULL && nv != -1) {
         PyObject *head[3] = {ident, a, b};
         if (nv >= 0) {
-            *key = plan_key(w, head, nargs, vals, nv);
+            *key = plan_key(w, head, row, vals, nv);
         } else if (*argt != NULL || pack(args, nargs, kwnames, argt, kw) == 0) {
             PyObject *kargs[5] = {*argt, *kw, ident, a, b};
             *key = PyObject_Vectorcall(w->fastkey, kargs, 5, NULL);
@@ -825,7 +865,7 @@ static int find_hit(Wrapper *w, PyObject *rec, const Where *at, PyObject *const 
         Py_INCREF(Py_None);
     } else if (*hit != NULL && m != NULL && PyTuple_Check(*hit) && PyTuple_GET_SIZE(*hit) >= H_N &&
                PyTuple_GET_ITEM(*hit, H_REC) == rec) {
-        memo_store(m, code, la, lb, nargs, vals, nv, *hit);
+        memo_store(m, code, la, lb, row, vals, nv, *hit);
     }
 out:
     for (int i = 0; i < nv; i++)
@@ -1549,6 +1589,10 @@ done:
 
 static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
     FIELDS(VISIT)
+    for (int i = 0; i < w->kwlen; i++) {
+        Py_VISIT(w->kwname[i]);
+        Py_VISIT(w->kwdef[i]);
+    }
     for (int i = 0; i < NMEMO; i++) {
         Py_VISIT(w->memo[i].code);
         Py_VISIT(w->memo[i].hit);
@@ -1560,6 +1604,11 @@ static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
 
 static int wrapper_clear(Wrapper *w) {
     FIELDS(CLEAR)
+    for (int i = 0; i < w->kwlen; i++) {
+        Py_CLEAR(w->kwname[i]);
+        Py_CLEAR(w->kwdef[i]);
+    }
+    w->kwlen = 0;
     for (int i = 0; i < NMEMO; i++)
         memo_clear(&w->memo[i]);
     return 0;
@@ -1608,6 +1657,38 @@ static int read_plan(Wrapper *w, PyObject *plan) {
     return (int)PyTuple_GET_SIZE(plan);
 }
 
+/* Copy fastpath.key_function's kwplan ((position, kind, name, default) per term) into w's row
+ * KWROW; 0 where it does not fit (calls with keyword arguments then take the Python key). */
+static int read_kwplan(Wrapper *w, PyObject *kwplan) {
+    if (!PyTuple_Check(kwplan) || PyTuple_GET_SIZE(kwplan) == 0 || PyTuple_GET_SIZE(kwplan) > MAXPLAN)
+        return 0;
+    Py_ssize_t n = PyTuple_GET_SIZE(kwplan);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyTuple_GET_ITEM(kwplan, i), *name, *dflt;
+        Py_ssize_t p;
+        int k;
+        if (!PyTuple_Check(t) || !PyArg_ParseTuple(t, "niUO", &p, &k, &name, &dflt)) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (k < 0 || k > 2 || p < 0)
+            return 0;
+        w->kwpos[i] = p;
+        w->pos[KWROW][i] = (signed char)i; /* the resolved arguments, in term order */
+        w->kind[KWROW][i] = (signed char)k;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyTuple_GET_ITEM(kwplan, i);
+        w->kwname[i] = PyTuple_GET_ITEM(t, 2);
+        w->kwdef[i] = PyTuple_GET_ITEM(t, 3);
+        Py_INCREF(w->kwname[i]);
+        Py_INCREF(w->kwdef[i]);
+    }
+    w->plen[KWROW] = (signed char)n;
+    w->kwlen = (int)n;
+    return 1;
+}
+
 static PyObject *make(PyObject *module, PyObject *args) {
     Wrapper *w = PyObject_GC_New(Wrapper, &WrapperType);
     if (w == NULL)
@@ -1615,16 +1696,19 @@ static PyObject *make(PyObject *module, PyObject *args) {
     w->vectorcall = wrapper_vectorcall;
     FIELDS(NULLIFY)
     memset(w->memo, 0, sizeof w->memo);
-    PyObject *plan;
-    if (!PyArg_ParseTuple(args, "OOOO!pOOOOOOOO:make", &w->orig, &w->fastkey, &w->general,
+    w->kwlen = 0;
+    PyObject *plan, *kwplan;
+    if (!PyArg_ParseTuple(args, "OOOO!pOOOOOOOOO:make", &w->orig, &w->fastkey, &w->general,
                           &PyDict_Type, &w->fast, &w->reducing, &w->tc, &w->failed,
-                          &w->track_async, &w->recmod, &w->python, &w->perf_ns, &plan, &w->lib)) {
+                          &w->track_async, &w->recmod, &w->python, &w->perf_ns, &plan, &w->lib, &kwplan)) {
         FIELDS(NULLIFY) /* borrowed until parsed */
         Py_DECREF(w);
         return NULL;
     }
     FIELDS(INCREF)
     w->nplan = read_plan(w, plan);
+    if (w->nplan >= 0 && read_kwplan(w, kwplan) < 0)
+        w->nplan = -1;
     if (w->nplan < 0) {
         Py_DECREF(w);
         return NULL;
@@ -1636,7 +1720,7 @@ static PyObject *make(PyObject *module, PyObject *args) {
 static PyMethodDef methods[] = {
     {"make", make, METH_VARARGS,
      "make(orig, fastkey, general, fast, reducing, tc, failed, track_async, recorder_module,"
-     " python_wrapper, perf_counter_ns, key_plan, library_hits) -> Wrapper: see"
+     " python_wrapper, perf_counter_ns, key_plan, library_hits, keyword_plan) -> Wrapper: see"
      " fastpath.make_wrapper."},
     {NULL, NULL, 0, NULL},
 };

@@ -160,3 +160,22 @@ def test_the_site_is_read_in_place_as_site_table_at_finds_it(monkeypatch):
     for r in (py, c):
         del r["replays"], r["at_calls"]
     assert c == py and len(py["sites"]) == 2 and py["general"] == 2
+
+
+def test_calls_with_keyword_arguments_are_keyed_in_c_as_the_python_key_keys_them(monkeypatch):
+    """A group given is passed by keyword (fastpath._exact_shim), FSDP2's form: the C path keys
+    the call from key_function's kwplan, the same tuple as the Python key, and records the
+    repeat calls itself."""
+    from test_fastpath_native import _build
+
+    calls: list = []
+    w, rec, _, _ = _build(True, monkeypatch, lambda *a, **k: calls.append((a, k)))
+    t = torch.ones(2)
+    for _ in range(3):
+        w(t, group="g1")
+        w(t, "MAX", "g2", async_op=False)
+        w(tensor=t, group="g1", async_op=False)
+    assert len(calls) == 9 and rec.general_calls == 3  # one a call site
+    assert [a == b and a[3] == -1 for a, b in rec.keys] == [True, True, True]
+    assert rec.keys[0][0][4:] == rec.keys[2][0][4:]  # the same terms, however passed
+    assert len(rec.writer.mm.data) == 6 and rec.inflight == {} and rec.errors == []

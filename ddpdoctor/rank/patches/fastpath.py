@@ -164,7 +164,8 @@ def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, share
     # in what it traces and then traces torch's own function (it cannot trace into C: with the
     # C object exposed, torch.compile(fullgraph=True) failed on a collective, measured).
     call = native.make(orig, fastkey, general, fast, reducing, tc, failed, track_async, recorder_mod,
-                       wrapper, _perf_ns, getattr(fastkey, "plan", ()), None if lib is None else lib)
+                       wrapper, _perf_ns, getattr(fastkey, "plan", ()), None if lib is None else lib,
+                       getattr(fastkey, "kwplan", ()))
     shim = _exact_shim(orig, call, dyn, native.Inside(recorder_mod))
     if shim is None:
         def shim(*args, **kwargs):
@@ -279,4 +280,8 @@ def key_function(params: list[str], defaults: dict, tensors: tuple, values: tupl
     body.append(f"    return (c, a, b, -1, {', '.join(out)})")
     exec("\n".join(body), names)  # noqa: S102 - source built above from parameter names only
     names["key"].plan = tuple(plan)
+    # the last branch for the C path, calls with keyword arguments (FSDP2's): per term, where
+    # the argument is (position, else by name, else the default) and how it is keyed
+    names["key"].kwplan = tuple((pos[p], 0 if p in tensors else 1 if p == "op" else 2, p, defaults.get(p))
+                                for p in keyed)
     return names["key"]
