@@ -144,24 +144,13 @@ static long long us(long long ns) {
 
 /* Decimal digits of v, as b"%d" writes them, into buf (>= 21 bytes); returns the length. */
 static Py_ssize_t digits(char *buf, long long v) {
-    /* two digits a step (session 6: ~300 instructions a call for the three numbers, one
-     * digit a step) */
-    static const char pairs[201] =
-        "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
-        "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
-        "8081828384858687888990919293949596979899";
     char tmp[24];
     int n = 0;
     unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
-    while (u >= 10) {
-        unsigned r = (unsigned)(u % 100);
-        u /= 100;
-        tmp[n++] = pairs[2 * r + 1];
-        tmp[n++] = pairs[2 * r];
-    }
-    /* (a pair made from u >= 10 has no leading 0: its high digit, or more pairs, follow) */
-    if (u > 0 || n == 0)
-        tmp[n++] = (char)('0' + u);
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
     Py_ssize_t len = 0;
     if (v < 0)
         buf[len++] = '-';
