@@ -780,11 +780,13 @@ static void resolve_kw(Wrapper *w, PyObject *const *args, Py_ssize_t nargs, PyOb
             for (Py_ssize_t j = 0; j < nk && v == NULL; j++)
                 if (PyTuple_GET_ITEM(kwnames, j) == w->kwname[i])
                     v = args[nargs + j];
-            for (Py_ssize_t j = 0; j < nk && v == NULL; j++)
-                if (PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, j), w->kwname[i]) == 0)
+            for (Py_ssize_t j = 0; j < nk && v == NULL; j++) {
+                int r = PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, j), w->kwname[i]);
+                if (r == 0)
                     v = args[nargs + j];
-            if (PyErr_Occurred())
-                PyErr_Clear(); /* (a name that is no str: no match, as kwargs.get) */
+                else if (r == -1 && PyErr_Occurred())
+                    PyErr_Clear(); /* (a name that is no str: no match, as kwargs.get) */
+            }
         }
         out[i] = v == NULL ? w->kwdef[i] : v;
     }
@@ -1105,8 +1107,10 @@ static int inside_bool(InsideObject *self) {
     if (inside == NULL)
         return 0;
     PyObject *rec = get_attr(self->recmod, A_RECORDER, s_recorder);
-    if (rec == NULL)
-        return -1;
+    if (rec == NULL) { /* never the user's error: the C path decides (and reports) */
+        PyErr_Clear();
+        return 0;
+    }
     Py_DECREF(rec);
     return rec == inside;
 }

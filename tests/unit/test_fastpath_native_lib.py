@@ -179,3 +179,26 @@ def test_calls_with_keyword_arguments_are_keyed_in_c_as_the_python_key_keys_them
     assert [a == b and a[3] == -1 for a, b in rec.keys] == [True, True, True]
     assert rec.keys[0][0][4:] == rec.keys[2][0][4:]  # the same terms, however passed
     assert len(rec.writer.mm.data) == 6 and rec.inflight == {} and rec.errors == []
+
+
+def test_inside_is_true_only_inside_a_call_the_c_path_records(monkeypatch):
+    """_fastcall.Inside, which the shim tests before the C path: true in the collective's own
+    call (where torch calls another patched collective), false outside it and for another
+    recorder module; it never raises into the user's call."""
+    from test_fastpath_native import _build
+
+    seen: list = []
+
+    def orig(*a, **k):
+        seen.append((bool(inside), bool(other), bool(broken)))
+
+    w, rec, _, _ = _build(True, monkeypatch, orig)
+    inside = native.Inside(fastpath.recorder_mod)
+    other = native.Inside(types.SimpleNamespace(_recorder=object()))
+    broken = native.Inside(types.SimpleNamespace())  # no _recorder: False, no error
+    t = torch.ones(1)
+    for _ in range(3):
+        w(t)
+    # the first call takes the general path (not recorded here), the repeat ones the C path
+    assert seen == [(False, False, False), (True, False, False), (True, False, False)]
+    assert not inside and rec.general_calls == 1
