@@ -42,15 +42,16 @@ enum { H_REC, H_G, H_OP, H_INSEQ, H_SITE, H_HEAD, H_MID, H_TAIL, H_SLOT_TAIL, H_
        H_ENT, H_CODE, H_N };
 
 #define MAXPLAN 8 /* branches of a key plan, and terms of one (torch's signatures: <= 6) */
+#define KWROW MAXPLAN /* the plan's row for calls with keyword arguments */
 
 static PyObject *s_shape, *s_dtype, *s_device, *s_is_cpu, *s_recorder, *s_enabled, *s_local, *s_depth,
     *s_flag, *s_inflight, *s_ddp_refs, *s_seq, *s_t0_ns, *s_slot, *s__mm, *s_writer, *s_mm, *s_write, *s_emit_bytes, *s_events,
-    *s_last_event, *s_internal_error;
+    *s_last_event, *s_internal_error, *s_sites, *s__gkind, *s_at, *s__lib, *s__at;
 
 /* The Python objects a Wrapper holds (see make()), for the X-macros below. */
 #define FIELDS(X)                                                                          \
     X(orig) X(fastkey) X(general) X(fast) X(tc) X(failed) X(track_async) X(recmod) X(python) \
-    X(perf_ns)
+    X(perf_ns) X(lib)
 
 #define NMEMO 8 /* memo entries (see find_hit): a loop calls a collective from a few sites */
 
@@ -72,7 +73,13 @@ typedef struct {
      * arguments, term i of the key is args[pos[n][i]], read as kind[n][i] (0: its shape, dtype
      * and device; 1: its identity; 2: itself). nplan 0: no plan, the Python key function. */
     int nplan;
-    signed char plen[MAXPLAN], pos[MAXPLAN][MAXPLAN], kind[MAXPLAN][MAXPLAN];
+    signed char plen[MAXPLAN + 1], pos[MAXPLAN + 1][MAXPLAN], kind[MAXPLAN + 1][MAXPLAN];
+    /* row KWROW of the plan: a call with keyword arguments (fastpath.key_function's `kwplan`):
+     * term i is the argument of parameter kwname[i] (position kwpos[i], else by keyword, else
+     * its default kwdef[i]), the key's tag -1. kwlen 0: no such plan (the Python key function). */
+    int kwlen;
+    Py_ssize_t kwpos[MAXPLAN];
+    PyObject *kwname[MAXPLAN], *kwdef[MAXPLAN]; /* held */
     Memo memo[NMEMO];
 } Wrapper;
 
@@ -179,7 +186,11 @@ static long frame_lasti(PyFrameObject *f) {
  * frame.f_code/f_lasti/f_back read them. */
 typedef struct {
     PyObject *code;
+    PyObject *globals; /* (borrowed too) */
     long a, b;
+#if FAST_FRAMES
+    struct _PyInterpreterFrame *frame; /* the user's frame, in place */
+#endif
 } Where;
 
 #if FAST_FRAMES
@@ -206,6 +217,8 @@ static int where(Where *o) {
         return 0;
     _PyInterpreterFrame *back = complete(f->previous);
     o->code = (PyObject *)f->f_code;
+    o->globals = f->f_globals;
+    o->frame = f;
     o->a = iframe_lasti(f);
     o->b = back == NULL ? -1 : iframe_lasti(back);
     return 1;
@@ -227,6 +240,13 @@ static int where(Where *o) {
     Py_DECREF(code); /* still alive: the frame holds it */
     PyFrameObject *back = PyFrame_GetBack(frame);
     o->code = (PyObject *)code;
+#if PY_VERSION_HEX >= 0x030B0000
+    PyObject *g = PyFrame_GetGlobals(frame);
+    Py_XDECREF(g); /* still alive: the frame holds them */
+#else
+    PyObject *g = frame->f_globals;
+#endif
+    o->globals = g;
     o->a = frame_lasti(frame);
     o->b = back == NULL ? -1 : frame_lasti(back);
     Py_XDECREF(back);
@@ -265,7 +285,7 @@ typedef struct {
 #endif
 
 enum { A_RECORDER, A_ENABLED, A_LOCAL, A_FLAG, A_INFLIGHT, A_DDP_REFS, A_SEQ, A_T0_NS, A_SLOT,
-       A__MM, A_WRITER, A_MM, A_EVENTS, A_LAST_EVENT, A_N };
+       A__MM, A_WRITER, A_MM, A_EVENTS, A_LAST_EVENT, A_SITES, A_GKIND, A_LIBK, A_ATD, A_N };
 static AttrSite get_sites[A_N], set_sites[A_N];
 
 /* 1 and the instance dict of o (a new reference) where o.name is that dict's entry; 0 where
@@ -631,6 +651,7 @@ fail:
 /* The key (code, lasti, caller's lasti, n, terms...), the tuple the Python key function
  * returns; NULL with an error set. */
 static PyObject *plan_key(Wrapper *w, PyObject *head[3], Py_ssize_t n, PyObject **vals, int nv) {
+    Py_ssize_t tag = n == KWROW ? -1 : n; /* the Python key's branch tag */
     PyObject *key = PyTuple_New(4 + nv), *v;
     if (key == NULL)
         return NULL;
@@ -638,7 +659,7 @@ static PyObject *plan_key(Wrapper *w, PyObject *head[3], Py_ssize_t n, PyObject 
         Py_INCREF(head[i]);
         PyTuple_SET_ITEM(key, i, head[i]);
     }
-    if ((v = PyLong_FromSsize_t(n)) == NULL) {
+    if ((v = PyLong_FromSsize_t(tag)) == NULL) {
         Py_DECREF(key);
         return NULL;
     }
@@ -744,6 +765,33 @@ static void memo_store(Memo *m, PyObject *code, long a, long b, Py_ssize_t n, Py
     m->nv = nv;
 }
 
+/* The arguments of the kwplan's terms for a call with keyword arguments (borrowed), as the
+ * Python key reads them: `args[pos] if n > pos else kwargs.get(name, default)`. */
+static void resolve_kw(Wrapper *w, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                       PyObject **out) {
+    Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+    for (int i = 0; i < w->kwlen; i++) {
+        Py_ssize_t p = w->kwpos[i];
+        PyObject *v = NULL;
+        if (p < nargs) {
+            v = args[p];
+        } else {
+            /* keyword names are interned where the call is compiled: identity first */
+            for (Py_ssize_t j = 0; j < nk && v == NULL; j++)
+                if (PyTuple_GET_ITEM(kwnames, j) == w->kwname[i])
+                    v = args[nargs + j];
+            for (Py_ssize_t j = 0; j < nk && v == NULL; j++) {
+                int r = PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, j), w->kwname[i]);
+                if (r == 0)
+                    v = args[nargs + j];
+                else if (r == -1 && PyErr_Occurred())
+                    PyErr_Clear(); /* (a name that is no str: no match, as kwargs.get) */
+            }
+        }
+        out[i] = v == NULL ? w->kwdef[i] : v;
+    }
+}
+
 /* The Hit of this call from `frame` (a new reference) into *hit, or NULL where there is none,
  * and its key (fastpath.key_function) into *key: None where the arguments cannot be keyed
  * (AttributeError/TypeError: the general path then handles the call), NULL where the memo
@@ -758,11 +806,18 @@ static int find_hit(Wrapper *w, PyObject *rec, const Where *at, PyObject *const 
     int nv = -2; /* -2: no plan (the Python key function), -1: the terms raised */
     Memo *m = NULL;
     int nokw = kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0;
-    if (nokw && nargs < w->nplan) {
-        nv = read_terms(w, args, nargs, vals);
+    Py_ssize_t row = nargs;
+    PyObject *resolved[MAXPLAN];
+    if (!nokw && w->kwlen > 0 && nargs <= MAXPLAN) { /* keyword arguments: the kwplan row */
+        resolve_kw(w, args, nargs, kwnames, resolved);
+        args = resolved;
+        row = KWROW;
+    }
+    if ((nokw && nargs < w->nplan) || row == KWROW) {
+        nv = read_terms(w, args, row, vals);
         if (nv >= 0) {
             m = memo_slot(w, code, la, lb);
-            if (memo_match(w, m, code, la, lb, nargs, vals, nv) &&
+            if (memo_match(w, m, code, la, lb, row, vals, nv) &&
                 PyTuple_GET_ITEM(m->hit, H_REC) == rec) {
                 *hit = m->hit;
                 Py_INCREF(*hit);
@@ -776,7 +831,7 @@ static int find_hit(Wrapper *w, PyObject *rec, const Where *at, PyObject *const 
     if (ident != NULL && a != NULL && b != NULL && nv != -1) {
         PyObject *head[3] = {ident, a, b};
         if (nv >= 0) {
-            *key = plan_key(w, head, nargs, vals, nv);
+            *key = plan_key(w, head, row, vals, nv);
         } else if (*argt != NULL || pack(args, nargs, kwnames, argt, kw) == 0) {
             PyObject *kargs[5] = {*argt, *kw, ident, a, b};
             *key = PyObject_Vectorcall(w->fastkey, kargs, 5, NULL);
@@ -801,7 +856,7 @@ static int find_hit(Wrapper *w, PyObject *rec, const Where *at, PyObject *const 
         Py_INCREF(Py_None);
     } else if (*hit != NULL && m != NULL && PyTuple_Check(*hit) && PyTuple_GET_SIZE(*hit) >= H_N &&
                PyTuple_GET_ITEM(*hit, H_REC) == rec) {
-        memo_store(m, code, la, lb, nargs, vals, nv, *hit);
+        memo_store(m, code, la, lb, row, vals, nv, *hit);
     }
 out:
     for (int i = 0; i < nv; i++)
@@ -891,6 +946,34 @@ static int store_slot(PyObject *slot, const Piece *ps, int k) {
     return r;
 }
 
+/* mm.write(data). For an object whose type has no instance dict and the generic getattro (the
+ * mmap), mm.write is the bound method of the type's `write` descriptor: that descriptor,
+ * looked up once per type version (as getset_attr), is called with (mm, data), which saves
+ * the method lookup of PyObject_VectorcallMethod (~150 instructions, callgrind). */
+static PyObject *call_write(PyObject *mm, PyObject *data) {
+    static PyTypeObject *tp;
+    static unsigned int tag;
+    static PyObject *descr; /* held */
+    PyTypeObject *t = Py_TYPE(mm);
+    if (t != tp || t->tp_version_tag != tag || tag == 0) {
+        tp = NULL;
+        PyObject *d = NULL;
+        if (t->tp_getattro == PyObject_GenericGetAttr && t->tp_dictoffset == 0
+#ifdef Py_TPFLAGS_MANAGED_DICT
+            && !(t->tp_flags & Py_TPFLAGS_MANAGED_DICT)
+#endif
+        )
+            d = _PyType_Lookup(t, s_write);
+        if (d == NULL || Py_TYPE(d) != &PyMethodDescr_Type || t->tp_version_tag == 0)
+            return PyObject_VectorcallMethod(s_write, (PyObject *[]){mm, data}, 2, NULL);
+        Py_INCREF(d);
+        Py_XSETREF(descr, d);
+        tag = t->tp_version_tag;
+        tp = t;
+    }
+    return PyObject_Vectorcall(descr, (PyObject *[]){mm, data}, 2, NULL);
+}
+
 /* Everything after a successful call (fastpath's second `try` block); -1 with an error set. */
 static int after(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight, PyObject *tid,
                  PyObject *result, const Piece *pre, long long start, long long ts,
@@ -915,8 +998,7 @@ static int after(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight, P
         PyObject *mm = GET(writer, MM, s_mm);
         Py_DECREF(writer);
         if (mm != NULL) {
-            r = PyObject_VectorcallMethod(s_write, (PyObject *[]){mm, data},
-                                          2, NULL);
+            r = call_write(mm, data);
             Py_DECREF(mm);
         }
     }
@@ -1002,6 +1084,67 @@ static PyObject *call_failed(Wrapper *w, PyObject *rec, PyObject *hit, PyObject 
     return NULL;
 }
 
+/* The recorder whose call this thread is inside, where record_hit issued it (else NULL):
+ * such a thread has its `rec.inflight` entry, which only the thread itself removes, so any
+ * collective it calls meanwhile (torch's all_gather_into_tensor calls the patched
+ * all_gather_single) goes to `orig` whatever the other checks say. Session 6 (callgrind):
+ * that nested call cost ~640 instructions in this file (five attribute reads, the thread id,
+ * the dict lookup); this test first, ~40. */
+static _Thread_local PyObject *inside;
+
+/* `Inside(recorder_module)`: true while this thread is inside a call that record_hit issued for
+ * the module's current recorder (the test at the top of wrapper_vectorcall). fastpath's shim
+ * tests it before calling the C path: a nested call (torch's all_gather_into_tensor calling
+ * the patched all_gather_single) then calls torch's function from the shim, a Python-to-Python
+ * call, instead of through this file (a C call and a fresh interpreter loop for torch's
+ * function: ~900 instructions, callgrind); a call that is not nested pays ~40 for the test. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *recmod;
+} InsideObject;
+
+static int inside_bool(InsideObject *self) {
+    if (inside == NULL)
+        return 0;
+    PyObject *rec = get_attr(self->recmod, A_RECORDER, s_recorder);
+    if (rec == NULL) { /* never the user's error: the C path decides (and reports) */
+        PyErr_Clear();
+        return 0;
+    }
+    Py_DECREF(rec);
+    return rec == inside;
+}
+
+static PyObject *inside_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *recmod;
+    if (!PyArg_ParseTuple(args, "O:Inside", &recmod))
+        return NULL;
+    InsideObject *self = (InsideObject *)type->tp_alloc(type, 0);
+    if (self != NULL) {
+        Py_INCREF(recmod);
+        self->recmod = recmod;
+    }
+    return (PyObject *)self;
+}
+
+static void inside_dealloc(InsideObject *self) {
+    Py_XDECREF(self->recmod);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyNumberMethods inside_number = {.nb_bool = (inquiry)inside_bool};
+
+static PyTypeObject InsideType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ddpdoctor.rank._fastcall.Inside",
+    .tp_doc = "Inside(recorder_module): true while this thread is inside a call recorded by the C path.",
+    .tp_basicsize = sizeof(InsideObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_as_number = &inside_number,
+    .tp_new = inside_new,
+    .tp_dealloc = (destructor)inside_dealloc,
+};
+
 /* cur: seqs.get(g) (borrowed; the caller looked it up, an exact int or NULL) */
 static PyObject *record_hit(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *inflight,
                             PyObject *tid, PyObject *seqs, PyObject *cur, PyObject *const *args,
@@ -1069,7 +1212,10 @@ static PyObject *record_hit(Wrapper *w, PyObject *rec, PyObject *hit, PyObject *
     }
     Py_DECREF(entry);
     /* the user's call, with the very arguments it was given */
+    PyObject *outer = inside;
+    inside = rec; /* (rec is held by our caller throughout) */
     PyObject *result = PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
+    inside = outer;
     if (result == NULL) {
         PyObject *exc = take_exc();
         PyObject *r = call_failed(w, rec, hit, inflight, tid, exc, seq, start, ts, iseq);
@@ -1112,6 +1258,237 @@ static PyObject *thread_id(void) {
     return tid_obj;
 }
 
+#if FAST_FRAMES
+/* SiteTable's verdicts on frames (_gkind by globals, _lib by code, both keyed by
+ * object.__hash__) kept by address while the table is unchanged (its PEP 509 version, which
+ * every change moves, and which no other dict shares): one comparison a frame instead of an
+ * int made and a dict lookup (~470 instructions a frame, ~18 frames a FSDP2 collective,
+ * callgrind). An address in the table is held by it (_gkind holds the globals, SiteTable._codes
+ * the codes, cleared with _lib), so it is never another object's meanwhile; an object not in
+ * the table is not in it while the table is unchanged, whatever its address. */
+#define NVERDICT 128
+typedef struct {
+    PyObject *table; /* compared only */
+    unsigned long long ver;
+    void *key[NVERDICT];
+    signed char val[NVERDICT];
+} Verdicts;
+static Verdicts g_verdicts, c_verdicts;
+
+/* table[object.__hash__(obj)] as a verdict: _gkind: 1 plain library globals, 0 not, 2 not
+ * classified; _lib: the kind 0, 1, 2, or 3 not classified. -1 with an error set. */
+static int verdict(Verdicts *v, PyObject *table, PyObject *obj, int globals) {
+    if (v->table != table || DICT_VER(table) != v->ver) {
+        memset(v->key, 0, sizeof v->key);
+        v->table = table;
+        v->ver = DICT_VER(table);
+    }
+    size_t slot = ((size_t)obj >> 4) % NVERDICT;
+    if (v->key[slot] == obj)
+        return v->val[slot];
+    PyObject *id = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash(obj));
+    if (id == NULL)
+        return -1;
+    PyObject *k = PyDict_GetItemWithError(table, id); /* borrowed */
+    Py_DECREF(id);
+    int r;
+    if (k == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        r = globals ? 2 : 3;
+    } else if (globals) { /* (g, flag): anything else stops the pass, as in skip_library */
+        r = PyTuple_Check(k) && PyTuple_GET_SIZE(k) >= 2 ? PyObject_IsTrue(PyTuple_GET_ITEM(k, 1)) : 0;
+        if (r < 0)
+            return -1;
+    } else {
+        long kind = PyLong_CheckExact(k) ? PyLong_AsLong(k) : 3;
+        r = kind >= 0 && kind <= 2 ? (int)kind : 3;
+    }
+    if (DICT_VER(table) == v->ver) { /* (IsTrue ran no code that changed it) */
+        v->key[slot] = obj;
+        v->val[slot] = (signed char)r;
+    }
+    return r;
+}
+#endif
+
+/* SiteTable.at's hit (callsite.py; the key of _sitewalk.c's site_key) read on the interpreter's
+ * frames in place: the call site's id (a new reference), or NULL with no error where a frame
+ * is not classified yet or the key is not in the table (SiteTable.at then does it all), NULL
+ * with an error set on an error. Session 6 (callgrind, FSDP2): site_key's PyFrame_GetBack made
+ * a frame object for each of the 11-16 library frames between FSDP's call and the user's
+ * line, ~11k instructions a collective. */
+static PyObject *site_in_place(PyObject *sites, PyObject *gkind, const Where *at) {
+#if FAST_FRAMES
+    PyObject *libk = GET(sites, LIBK, s__lib), *atd = NULL, *key = NULL, *sid = NULL;
+    PyObject *fw[2 * MAXPLAN];
+    int nfw = 0, ok = 0;
+    if (libk == NULL || (atd = GET(sites, ATD, s__at)) == NULL)
+        goto out;
+    if (!PyDict_CheckExact(libk) || !PyDict_CheckExact(atd))
+        goto out;
+    _PyInterpreterFrame *f = at->frame, *b;
+    /* frames of plain library modules, told by their globals (skip_library) */
+    for (;;) {
+        int r = verdict(&g_verdicts, gkind, f->f_globals, 1);
+        if (r < 0)
+            goto out;
+        if (r == 2) {
+            ok = 1; /* not classified yet: SiteTable.at */
+            goto out;
+        }
+        if (!r || (b = complete(f->previous)) == NULL)
+            break;
+        f = b;
+    }
+    /* then frames by their code: library (1) passed, frameworks (2) part of the key */
+    PyObject *cid = NULL;
+    for (;;) {
+        int k = verdict(&c_verdicts, libk, (PyObject *)f->f_code, 0);
+        if (k < 0 || k == 3) {
+            ok = k == 3; /* not classified yet: SiteTable.at */
+            goto out_fw;
+        }
+        if (k == 0)
+            break;
+        if (k == 2) {
+            if (nfw + 2 > 2 * MAXPLAN) { /* a deep framework stack: SiteTable.at */
+                ok = 1;
+                goto out_fw;
+            }
+            fw[nfw] = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash((PyObject *)f->f_code));
+            if (fw[nfw] == NULL)
+                goto out_fw;
+            nfw++;
+            if ((fw[nfw] = PyLong_FromLong(iframe_lasti(f))) == NULL)
+                goto out_fw;
+            nfw++;
+        }
+        if ((b = complete(f->previous)) == NULL)
+            break;
+        f = b;
+    }
+    if ((cid = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash((PyObject *)f->f_code))) == NULL)
+        goto out_fw;
+    b = complete(f->previous);
+    key = PyTuple_New(3 + nfw);
+    if (key == NULL) {
+        Py_DECREF(cid);
+        goto out_fw;
+    }
+    PyTuple_SET_ITEM(key, 0, cid);
+    PyTuple_SET_ITEM(key, 1, PyLong_FromLong(iframe_lasti(f)));
+    PyTuple_SET_ITEM(key, 2, PyLong_FromLong(b == NULL ? -1 : iframe_lasti(b)));
+    for (int i = 0; i < nfw; i++)
+        PyTuple_SET_ITEM(key, 3 + i, fw[i]); /* the references move into the key */
+    nfw = 0;
+    if (PyTuple_GET_ITEM(key, 1) == NULL || PyTuple_GET_ITEM(key, 2) == NULL)
+        goto out;
+    sid = PyDict_GetItemWithError(atd, key);
+    Py_XINCREF(sid);
+    ok = sid != NULL || !PyErr_Occurred();
+    goto out;
+out_fw:
+    while (nfw > 0)
+        Py_DECREF(fw[--nfw]);
+out:
+    if (!ok && PyErr_ExceptionMatches(PyExc_Exception))
+        PyErr_Clear(); /* SiteTable.at runs and reports what it raises */
+    Py_XDECREF(libk);
+    Py_XDECREF(atd);
+    Py_XDECREF(key);
+    return sid;
+#else
+    return NULL;
+#endif
+}
+
+/* ---- library callers ---------------------------------------------------------------------
+ *
+ * A collective called by library code (FSDP2's all-gathers and reduce-scatters, see
+ * libcalls.py) has no Hit under its caller's key: its site is the user's line further out,
+ * one of many for one library line. dist's general path stores its Hit in `lib` under (key,
+ * site) instead; here the same lookup is made (the caller told by its globals, as
+ * rec.sites._gkind classifies them; the site by rec.sites.at(frame)) and a Hit found is
+ * recorded by record_hit, the path of a user's repeat call, where libcalls.replay did it in
+ * Python. Anything unusual (no such table, a site lookup that raises) finds no Hit: the general
+ * path then does what it did before, its own error reports included. */
+static int lib_hit(Wrapper *w, PyObject *rec, const Where *at, PyObject *key, PyObject **frame,
+                   PyObject **hit) {
+    if (!PyDict_CheckExact(w->lib) || at->globals == NULL)
+        return 0;
+    PyObject *sites = GET(rec, SITES, s_sites), *gkind = NULL, *gid = NULL, *site = NULL;
+    PyObject *lkey = NULL;
+    int r = -1;
+    if (sites == NULL || (gkind = GET(sites, GKIND, s__gkind)) == NULL)
+        goto out;
+    r = 0;
+    if (!PyDict_CheckExact(gkind))
+        goto out;
+    /* gk = _gkind.get(object.__hash__(frame.f_globals)); a library caller where gk[1] */
+#if FAST_FRAMES
+    int is_lib = verdict(&g_verdicts, gkind, at->globals, 1);
+    if (is_lib != 1) {
+        r = is_lib < 0 ? -1 : 0;
+        goto out;
+    }
+#else
+    if ((gid = PyLong_FromSsize_t(PyBaseObject_Type.tp_hash(at->globals))) == NULL) {
+        r = -1;
+        goto out;
+    }
+    PyObject *gk = PyDict_GetItemWithError(gkind, gid); /* borrowed */
+    if (gk == NULL || !PyTuple_CheckExact(gk) || PyTuple_GET_SIZE(gk) < 2) {
+        r = PyErr_Occurred() ? -1 : 0;
+        goto out;
+    }
+    int is_lib = PyObject_IsTrue(PyTuple_GET_ITEM(gk, 1));
+    if (is_lib <= 0) {
+        r = is_lib;
+        goto out;
+    }
+#endif
+    site = site_in_place(sites, gkind, at);
+    if (site == NULL && PyErr_Occurred())
+        goto out;
+    if (site == NULL && *frame == NULL && (*frame = user_frame()) == NULL)
+        goto out;
+    if (site == NULL)
+        site = PyObject_CallMethodOneArg(sites, s_at, *frame);
+    if (site == NULL) { /* the general path looks it up again and reports what it raises */
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            r = -1;
+        else
+            PyErr_Clear();
+        goto out;
+    }
+    if ((lkey = PyTuple_Pack(2, key, site)) == NULL) {
+        r = -1;
+        goto out;
+    }
+    PyObject *h = PyDict_GetItemWithError(w->lib, lkey); /* borrowed */
+    if (h == NULL) {
+        if (PyErr_Occurred()) { /* (as general's own lookup: reported there) */
+            if (!PyErr_ExceptionMatches(PyExc_Exception))
+                r = -1;
+            else
+                PyErr_Clear();
+        }
+        goto out;
+    }
+    if (PyTuple_Check(h) && PyTuple_GET_SIZE(h) >= H_N && PyTuple_GET_ITEM(h, H_REC) == rec) {
+        Py_INCREF(h);
+        *hit = h;
+    }
+out:
+    Py_XDECREF(sites);
+    Py_XDECREF(gkind);
+    Py_XDECREF(gid);
+    Py_XDECREF(site);
+    Py_XDECREF(lkey);
+    return r;
+}
+
 static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                     PyObject *kwnames) {
     Wrapper *w = (Wrapper *)self;
@@ -1119,6 +1496,10 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
     PyObject *rec = GET(w->recmod, RECORDER, s_recorder);
     if (rec == NULL)
         return NULL;
+    if (rec == inside) { /* nested in a call recorded here, on this thread (see `inside`) */
+        Py_DECREF(rec);
+        return PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
+    }
     PyObject *tid = NULL, *inflight = NULL, *seqs = NULL, *argt = NULL, *kw = NULL, *key = NULL;
     PyObject *hit = NULL, *result = NULL, *frame = NULL;
     int r = tracing(w, rec);
@@ -1152,13 +1533,17 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
             if (find_hit(w, rec, &at, args, nargs, kwnames, &argt, &kw, &key,
                          &hit) < 0)
                 goto done;
+            /* no Hit for a user's line: a library caller's, by (key, the user's site)? */
+            if (hit == NULL && key != NULL && key != Py_None &&
+                lib_hit(w, rec, &at, key, &frame, &hit) < 0)
+                goto done;
         }
     }
     if (hit == NULL || !PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) < H_N ||
         PyTuple_GET_ITEM(hit, H_REC) != rec) {
         if (argt == NULL && pack(args, nargs, kwnames, &argt, &kw) < 0)
             goto done;
-        if ((frame = user_frame()) == NULL)
+        if (frame == NULL && (frame = user_frame()) == NULL)
             goto python;
         PyObject *gargs[7] = {rec, tid, frame, key == NULL ? Py_None : key, w->fast, argt, kw};
         result = PyObject_Vectorcall(w->general, gargs, 7, NULL);
@@ -1197,6 +1582,10 @@ done:
 
 static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
     FIELDS(VISIT)
+    for (int i = 0; i < w->kwlen; i++) {
+        Py_VISIT(w->kwname[i]);
+        Py_VISIT(w->kwdef[i]);
+    }
     for (int i = 0; i < NMEMO; i++) {
         Py_VISIT(w->memo[i].code);
         Py_VISIT(w->memo[i].hit);
@@ -1208,6 +1597,11 @@ static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
 
 static int wrapper_clear(Wrapper *w) {
     FIELDS(CLEAR)
+    for (int i = 0; i < w->kwlen; i++) {
+        Py_CLEAR(w->kwname[i]);
+        Py_CLEAR(w->kwdef[i]);
+    }
+    w->kwlen = 0;
     for (int i = 0; i < NMEMO; i++)
         memo_clear(&w->memo[i]);
     return 0;
@@ -1256,6 +1650,38 @@ static int read_plan(Wrapper *w, PyObject *plan) {
     return (int)PyTuple_GET_SIZE(plan);
 }
 
+/* Copy fastpath.key_function's kwplan ((position, kind, name, default) per term) into w's row
+ * KWROW; 0 where it does not fit (calls with keyword arguments then take the Python key). */
+static int read_kwplan(Wrapper *w, PyObject *kwplan) {
+    if (!PyTuple_Check(kwplan) || PyTuple_GET_SIZE(kwplan) == 0 || PyTuple_GET_SIZE(kwplan) > MAXPLAN)
+        return 0;
+    Py_ssize_t n = PyTuple_GET_SIZE(kwplan);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyTuple_GET_ITEM(kwplan, i), *name, *dflt;
+        Py_ssize_t p;
+        int k;
+        if (!PyTuple_Check(t) || !PyArg_ParseTuple(t, "niUO", &p, &k, &name, &dflt)) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (k < 0 || k > 2 || p < 0)
+            return 0;
+        w->kwpos[i] = p;
+        w->pos[KWROW][i] = (signed char)i; /* the resolved arguments, in term order */
+        w->kind[KWROW][i] = (signed char)k;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyTuple_GET_ITEM(kwplan, i);
+        w->kwname[i] = PyTuple_GET_ITEM(t, 2);
+        w->kwdef[i] = PyTuple_GET_ITEM(t, 3);
+        Py_INCREF(w->kwname[i]);
+        Py_INCREF(w->kwdef[i]);
+    }
+    w->plen[KWROW] = (signed char)n;
+    w->kwlen = (int)n;
+    return 1;
+}
+
 static PyObject *make(PyObject *module, PyObject *args) {
     Wrapper *w = PyObject_GC_New(Wrapper, &WrapperType);
     if (w == NULL)
@@ -1263,16 +1689,19 @@ static PyObject *make(PyObject *module, PyObject *args) {
     w->vectorcall = wrapper_vectorcall;
     FIELDS(NULLIFY)
     memset(w->memo, 0, sizeof w->memo);
-    PyObject *plan;
-    if (!PyArg_ParseTuple(args, "OOOO!pOOOOOOO:make", &w->orig, &w->fastkey, &w->general,
+    w->kwlen = 0;
+    PyObject *plan, *kwplan;
+    if (!PyArg_ParseTuple(args, "OOOO!pOOOOOOOOO:make", &w->orig, &w->fastkey, &w->general,
                           &PyDict_Type, &w->fast, &w->reducing, &w->tc, &w->failed,
-                          &w->track_async, &w->recmod, &w->python, &w->perf_ns, &plan)) {
+                          &w->track_async, &w->recmod, &w->python, &w->perf_ns, &plan, &w->lib, &kwplan)) {
         FIELDS(NULLIFY) /* borrowed until parsed */
         Py_DECREF(w);
         return NULL;
     }
     FIELDS(INCREF)
     w->nplan = read_plan(w, plan);
+    if (w->nplan >= 0 && read_kwplan(w, kwplan) < 0)
+        w->nplan = -1;
     if (w->nplan < 0) {
         Py_DECREF(w);
         return NULL;
@@ -1284,7 +1713,8 @@ static PyObject *make(PyObject *module, PyObject *args) {
 static PyMethodDef methods[] = {
     {"make", make, METH_VARARGS,
      "make(orig, fastkey, general, fast, reducing, tc, failed, track_async, recorder_module,"
-     " python_wrapper, perf_counter_ns, key_plan) -> Wrapper: see fastpath.make_wrapper."},
+     " python_wrapper, perf_counter_ns, key_plan, library_hits, keyword_plan) -> Wrapper: see"
+     " fastpath.make_wrapper."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1295,7 +1725,7 @@ static struct PyModuleDef moduledef = {
 };
 
 PyMODINIT_FUNC PyInit__fastcall(void) {
-    if (PyType_Ready(&WrapperType) < 0 || PyType_Ready(&DepthType) < 0)
+    if (PyType_Ready(&WrapperType) < 0 || PyType_Ready(&DepthType) < 0 || PyType_Ready(&InsideType) < 0)
         return NULL;
 #define INTERN(var, text)                                   \
     if ((var = PyUnicode_InternFromString(text)) == NULL) \
@@ -1322,6 +1752,11 @@ PyMODINIT_FUNC PyInit__fastcall(void) {
     INTERN(s_events, "events");
     INTERN(s_last_event, "last_event");
     INTERN(s_internal_error, "internal_error");
+    INTERN(s_sites, "sites");
+    INTERN(s__gkind, "_gkind");
+    INTERN(s_at, "at");
+    INTERN(s__lib, "_lib");
+    INTERN(s__at, "_at");
 #undef INTERN
     PyObject *m = PyModule_Create(&moduledef);
     Py_INCREF(&WrapperType);
@@ -1332,6 +1767,11 @@ PyMODINIT_FUNC PyInit__fastcall(void) {
     Py_INCREF(&DepthType);
     if (m != NULL && PyModule_AddObject(m, "Depth", (PyObject *)&DepthType) < 0) {
         Py_DECREF(&DepthType);
+        Py_CLEAR(m);
+    }
+    Py_INCREF(&InsideType);
+    if (m != NULL && PyModule_AddObject(m, "Inside", (PyObject *)&InsideType) < 0) {
+        Py_DECREF(&InsideType);
         Py_CLEAR(m);
     }
     return m;

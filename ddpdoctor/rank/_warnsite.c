@@ -12,11 +12,75 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+/* 3.11: the interpreter's frames read in place (see adjusted()); other versions: frame objects */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+#define FAST_FRAMES 1
+#define Py_BUILD_CORE
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#else
+#define FAST_FRAMES 0
+#endif
 
 static PyObject *real_warn = NULL;   /* the warnings.warn this one replaced (strong reference) */
 static PyObject *prefix = NULL;      /* ddpdoctor's package folder, with a trailing separator */
 static PyObject *level_name = NULL;  /* "stacklevel", interned */
 
+/* The last code objects classified and their verdicts (held: an address compared here is
+ * never another code's); a hit saves the prefix comparison, ~120 instructions a call. */
+#define NSEEN 4
+static PyObject *seen_code[NSEEN];
+static int seen_ours[NSEEN], seen_next;
+
+static int
+code_is_ours(PyCodeObject *co)
+{
+    for (int i = 0; i < NSEEN; i++)
+        if (seen_code[i] == (PyObject *)co)
+            return seen_ours[i];
+    int hit = PyUnicode_Tailmatch(co->co_filename, prefix, 0, PY_SSIZE_T_MAX, -1) == 1;
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_INCREF(co);
+    Py_XSETREF(seen_code[seen_next], (PyObject *)co);
+    seen_ours[seen_next] = hit;
+    seen_next = (seen_next + 1) % NSEEN;
+    return hit;
+}
+
+#if FAST_FRAMES
+/* Session 6 (callgrind, all_gather_into_tensor): PyEval_GetFrame/PyFrame_GetBack made frame
+ * objects for warn's caller and the frame above it at every call, ~1.2k instructions of the
+ * ~1.3k this function added to the real warn. The interpreter's frames are read in place
+ * instead, skipping the incomplete ones exactly as PyFrame_GetBack does (as _fastcall.c). */
+static _PyInterpreterFrame *
+complete(_PyInterpreterFrame *f)
+{
+    while (f != NULL && _PyFrame_IsIncomplete(f))
+        f = f->previous;
+    return f;
+}
+
+/* The stacklevel that names, from the caller's frame, the frame a plain run would name: one
+ * more for each ddpdoctor frame passed on the way up (as warnsite.adjusted_level). */
+static long
+adjusted(long level)
+{
+    /* warn's caller: a C function has no frame of its own */
+    _PyInterpreterFrame *f = complete(PyThreadState_Get()->cframe->current_frame);
+    long extra = 0;
+    for (long i = 0; i < level - 1 && f != NULL; i++) {
+        f = complete(f->previous);
+        while (f != NULL && code_is_ours(f->f_code)) {
+            f = complete(f->previous);
+            extra++;
+        }
+    }
+    return level + extra;
+}
+#else
 static int
 is_ours(PyFrameObject *f)
 {
@@ -25,7 +89,7 @@ is_ours(PyFrameObject *f)
         PyErr_Clear();
         return 0;
     }
-    int hit = PyUnicode_Tailmatch(co->co_filename, prefix, 0, PY_SSIZE_T_MAX, -1) == 1;
+    int hit = code_is_ours(co);
     Py_DECREF(co);
     return hit;
 }
@@ -52,6 +116,7 @@ adjusted(long level)
     Py_XDECREF(f);
     return level + extra;
 }
+#endif
 
 static PyObject *
 warn(PyObject *self, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwnames)
@@ -67,13 +132,14 @@ warn(PyObject *self, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwnames
     if (nargs > 2) {
         at = 2;
     } else {
-        for (Py_ssize_t i = 0; i < nkw; i++) {
-            PyObject *k = PyTuple_GET_ITEM(kwnames, i);
-            if (k == level_name || PyUnicode_Compare(k, level_name) == 0) {
+        /* keyword names are interned where the call is compiled: by identity first (the
+         * comparison of each other name cost ~90 instructions a call, callgrind) */
+        for (Py_ssize_t i = 0; i < nkw && at < 0; i++)
+            if (PyTuple_GET_ITEM(kwnames, i) == level_name)
                 at = nargs + i;
-                break;
-            }
-        }
+        for (Py_ssize_t i = 0; i < nkw && at < 0; i++)
+            if (PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, i), level_name) == 0)
+                at = nargs + i;
     }
     long level = 1;
     if (at >= 0) {
@@ -123,6 +189,8 @@ install(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_INCREF(args[1]);
     Py_XSETREF(real_warn, args[0]);
     Py_XSETREF(prefix, args[1]);
+    for (int i = 0; i < NSEEN; i++)  /* verdicts of the former prefix */
+        Py_CLEAR(seen_code[i]);
     Py_RETURN_NONE;
 }
 

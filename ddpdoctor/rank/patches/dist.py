@@ -348,7 +348,7 @@ def _make_collective(op: str, orig, spec):
         return _record(rec, ent, seq, orig, args, kwargs, frame, tid, extra)
 
     wrapper = functools.wraps(orig)(fastpath.make_wrapper(
-        orig, fastkey, general, reducing, (_dyn, _tc), (_failed, _track_async)))
+        orig, fastkey, general, reducing, (_dyn, _tc), (_failed, _track_async), lib))
     setattr(wrapper, _PATCHED_MARK, True)
     return wrapper
 

@@ -77,12 +77,14 @@ def make_hit(rec, ent: tuple, site: int, code) -> Hit | None:
 _native = native.load("_fastcall")
 
 
-def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, shared: tuple):
+def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, shared: tuple,
+                 lib: dict | None = None):
     """The wrapper of collective ``orig``: a repeat call from a known site with arguments of a
     known shape is recorded here from its ``Hit``; any other goes to ``general(rec, tid, frame,
     fkey, fast, args, kwargs)``, which records it and stores the ``Hit`` for next time.
     ``compiling``: dist's (is_dynamo_compiling, torch.compiler); ``shared``: dist's
-    (_failed, _track_async), passed in so that this module does not import dist.
+    (_failed, _track_async), passed in so that this module does not import dist. ``lib``: dist's
+    (key, user's site) -> Hit of library callers (see libcalls), read by the C path.
 
     One function for the whole fast path: a Python call and its arguments cost ~1k
     instructions, a tenth of what is left to spend (callgrind)."""
@@ -162,8 +164,9 @@ def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, share
     # in what it traces and then traces torch's own function (it cannot trace into C: with the
     # C object exposed, torch.compile(fullgraph=True) failed on a collective, measured).
     call = native.make(orig, fastkey, general, fast, reducing, tc, failed, track_async, recorder_mod,
-                       wrapper, _perf_ns, getattr(fastkey, "plan", ()))
-    shim = _exact_shim(orig, call, dyn)
+                       wrapper, _perf_ns, getattr(fastkey, "plan", ()), None if lib is None else lib,
+                       getattr(fastkey, "kwplan", ()))
+    shim = _exact_shim(orig, call, dyn, native.Inside(recorder_mod))
     if shim is None:
         def shim(*args, **kwargs):
             if dyn():
@@ -178,7 +181,7 @@ def make_wrapper(orig, fastkey, general, reducing: bool, compiling: tuple, share
 _LOGGED_KEYWORDS = frozenset({"group", "process_group", "pg"})
 
 
-def _exact_shim(orig, call, dyn):
+def _exact_shim(orig, call, dyn, inside=None):
     """The shim with ``orig``'s own parameters (and its very default objects), or None where they
     are not all plain positional-or-keyword ones.
 
@@ -187,18 +190,20 @@ def _exact_shim(orig, call, dyn):
     for ``call(*args, **kwargs)``. With named parameters the interpreter runs the shim in its
     own loop and ``call(a, b, c, d)`` is a plain vectorcall. Nothing a caller can tell changes:
     a parameter not passed holds its default, the same object ``orig`` would give it, and a bad
-    call raises the TypeError of the same signature under the same name."""
+    call raises the TypeError of the same signature under the same name. ``inside``: true while
+    this thread is inside a call the C path recorded (``_fastcall.Inside``)."""
     try:
         params = list(inspect.signature(orig).parameters.values())
     except (TypeError, ValueError):
         return None
     name = getattr(orig, "__name__", "")
-    reserved = {"_ddpdoctor_orig", "_ddpdoctor_call", "_ddpdoctor_dyn"}
+    reserved = {"_ddpdoctor_orig", "_ddpdoctor_call", "_ddpdoctor_dyn", "_ddpdoctor_inside"}
     if not name.isidentifier() or keyword.iskeyword(name) or not params or any(
             p.kind is not p.POSITIONAL_OR_KEYWORD or keyword.iskeyword(p.name) or p.name in reserved
             for p in params):
         return None
-    names: dict = {"_ddpdoctor_orig": orig, "_ddpdoctor_call": call, "_ddpdoctor_dyn": dyn}
+    names: dict = {"_ddpdoctor_orig": orig, "_ddpdoctor_call": call, "_ddpdoctor_dyn": dyn,
+                   "_ddpdoctor_inside": False if inside is None else inside}
     sig = []
     for i, p in enumerate(params):
         if p.default is p.empty:
@@ -220,8 +225,11 @@ def _exact_shim(orig, call, dyn):
         body = (f"    if {params[g].name} is _ddpdoctor_d{g}:\n"
                 f"        return _ddpdoctor_call({passed})\n"
                 f"    return _ddpdoctor_call({by_kw})\n")
+    # Dynamo folds _ddpdoctor_dyn() to True (it traces torch's function, never reading the
+    # flag); _ddpdoctor_inside: nested in a call the C path recorded, which then calls torch's
+    # function from here, not through the C path (session 6: ~900 instructions a nested call)
     src = (f"def {name}({', '.join(sig)}):\n"
-           f"    if _ddpdoctor_dyn():\n"  # Dynamo folds it to True: it traces torch's function
+           f"    if _ddpdoctor_dyn() or _ddpdoctor_inside:\n"
            f"        return _ddpdoctor_orig({passed})\n"
            + body)
     exec(src, names)  # noqa: S102 - source built above from orig's parameter names only
@@ -272,4 +280,8 @@ def key_function(params: list[str], defaults: dict, tensors: tuple, values: tupl
     body.append(f"    return (c, a, b, -1, {', '.join(out)})")
     exec("\n".join(body), names)  # noqa: S102 - source built above from parameter names only
     names["key"].plan = tuple(plan)
+    # the last branch for the C path, calls with keyword arguments (FSDP2's): per term, where
+    # the argument is (position, else by name, else the default) and how it is keyed
+    names["key"].kwplan = tuple((pos[p], 0 if p in tensors else 1 if p == "op" else 2, p, defaults.get(p))
+                                for p in keyed)
     return names["key"]

@@ -13,6 +13,11 @@ frames passed over in C, see callsite), and the cached ``Hit`` is keyed by the f
 *and* that site: the same record as the general path writes for that (caller, arguments,
 site), pre-encoded, replayed with what ``fastpath`` does for a user's call. A new site or new
 arguments miss, and the general path records the call and stores its ``Hit`` here.
+
+Where the C path is built and on (rank/_fastcall.c, ``lib_hit``), it makes the same lookup
+itself (the caller's globals, ``SiteTable.at``, the same table) and records a ``Hit`` found
+with the code of a user's repeat call: ``replay`` below is then the path of ``DDPDOCTOR_NATIVE=0``
+(and of a call the C path hands to the general path for an object of an unexpected type).
 """
 
 from __future__ import annotations
