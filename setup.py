@@ -11,4 +11,6 @@ setup(ext_modules=[Extension("ddpdoctor.rank._fastcall", ["ddpdoctor/rank/_fastc
                    # the call-site lookup's pass over library frames (rank/callsite.py)
                    Extension("ddpdoctor.rank._sitewalk", ["ddpdoctor/rank/_sitewalk.c"], optional=True),
                    # warnings.warn counting stacklevel over ddpdoctor's frames (rank/warnsite.py)
-                   Extension("ddpdoctor.rank._warnsite", ["ddpdoctor/rank/_warnsite.c"], optional=True)])
+                   Extension("ddpdoctor.rank._warnsite", ["ddpdoctor/rank/_warnsite.c"], optional=True),
+                   # the DDP backward event and DD015's test (rank/patches/ddp.py, grads.py)
+                   Extension("ddpdoctor.rank._ddpstep", ["ddpdoctor/rank/_ddpstep.c"], optional=True)])

@@ -23,7 +23,7 @@ import zlib
 from collections import OrderedDict as _OrderedDict
 
 from ...trace.records import InFlight
-from .. import callsite
+from .. import callsite, native
 from .. import recorder as recorder_mod
 from ..callsite import resume_frames
 from . import WRAPPED, compiled
@@ -151,8 +151,9 @@ def patch() -> None:
     DDP = ddp_mod.DistributedDataParallel
     if getattr(DDP.__init__, _MARK, False):
         return
-    global _queue_callback
+    global _queue_callback, _new_hook
     _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+    _new_hook = _native_hook(torch) or _BackwardHook
     Tensor = _TENSOR[0] = torch.Tensor
     _MODULE_GLOBALS[0] = vars(sys.modules["torch.nn.modules.module"])
     is_grad_enabled = torch.is_grad_enabled
@@ -272,7 +273,7 @@ def patch() -> None:
                 if t is not None:
                     # (a tensor hook, not a pre-hook of its node, which would be ~25 bytecodes
                     # cheaper: the hook is handed this tensor's own gradient, see grads.py)
-                    _hook_output(t, _BackwardHook(rec, info, site))
+                    _hook_output(t, _new_hook(rec, info, site))
         except Exception as exc:
             rec.internal_error(exc)
         return out
@@ -399,6 +400,21 @@ class _BackwardHook:
         _store(rec, f'{{"t":"c","op":"ddp_backward","g":"{self.info["g"]}","s":{self.seq},"ts":{start},'
                     f'"d":{(_perf_ns() - rec.t0_ns) // 1000 - start},"site":{self.site},'
                     f'"step":{self.step}}}\n')
+
+
+def _native_hook(torch):
+    """The backward event in C (rank/_ddpstep.c: the hook and both engine callbacks in one
+    object, DD015's test of a CPU float gradient without a torch reduction; ~40k instructions of
+    Python and torch per step before, issue #11), or None: not built, or ``DDPDOCTOR_NATIVE=0``."""
+    mod = native.load("_ddpstep")
+    if mod is None:
+        return None
+    mod.setup(_queue_callback, _perf_ns, torch.Tensor, torch.float32, torch.float64, torch.strided)
+    return mod.hook
+
+
+#: What the forward hangs on its output: ``_BackwardHook`` or its C twin (``patch`` sets it).
+_new_hook = None
 
 
 def _queue_callback(callback) -> None:

@@ -1,0 +1,522 @@
+/* The DDP backward event (rank/patches/ddp.py's _BackwardHook) in C.
+ *
+ * Why (issue #11): per DDP step the backward event cost ~40k instructions of a ~1.54M step in
+ * Python: the output's tensor hook (~100 bytecodes), DD015's finiteness test of the output
+ * gradient (grad.sum().item(): a TensorIterator reduction, ~11k) and the two autograd-engine
+ * callbacks that end the event (a functools.partial, then a Python method with the record). Here
+ * one object is the tensor hook (called with the gradient) and both engine callbacks (called
+ * with no argument): no Python frame, no bound method or partial per step, the record formatted
+ * in C. It does what _BackwardHook does, in the same order, and writes the same records.
+ *
+ * DD015 (rank/patches/grads.py): when the module's _Grads is `quiet` (its steady state: nothing
+ * pending, CPU output gradients of one float dtype seen before) and the gradient is an exact
+ * torch.Tensor, CPU, strided, not nested, contiguous, float32/float64, its elements are read
+ * through data_ptr()/numel() while the hook holds the tensor: all finite means the Python check
+ * would have done nothing (a NaN/Inf element makes the sum non-finite; a finite overflowing sum
+ * is no finding there either), so it is not called. Anything else (a non-finite element, another
+ * dtype or layout, a subclass, an error) calls the Python check, which decides as before.
+ *
+ * Optional (setup.py, optional=True); without it, or with DDPDOCTOR_NATIVE=0, ddp.py uses its
+ * Python _BackwardHook. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <structmember.h>
+
+/* set once by setup() (strong references, never released) */
+static PyObject *queue_cb = NULL;   /* the autograd engine's queue_callback (bound method) */
+static PyObject *perf_ns = NULL;    /* time.perf_counter_ns: the clock the Python hook reads */
+static PyObject *tensor_type = NULL, *f32 = NULL, *f64 = NULL, *strided = NULL;
+
+static PyObject *s_bwd, *s_fwd, *s_fwd_at_bwd, *s_g, *s_grads, *s_seq, *s_t0_ns, *s_inflight,
+    *s_ddp_ptrs, *s_dirty, *s_writer, *s_mm, *s_write, *s_emit_bytes, *s_internal_error,
+    *s_quiet, *s_fast, *s_is_cpu, *s_layout, *s_dtype, *s_is_nested, *s_is_contiguous,
+    *s_numel, *s_data_ptr, *s_ddp_bwd, *s_ddp_backward, *one, *zero;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *rec, *info, *site;
+    PyObject *key;                  /* ("ddp_bwd", thread id) once fired */
+    PyObject *seq, *step;           /* ints, once fired */
+    long long start;                /* µs since rec.t0_ns */
+    int phase;                      /* 0 not fired, 1 re-queue pending, 2 end pending, 3 ended */
+    vectorcallfunc vectorcall;
+} Hook;
+
+/* rec.internal_error(exc) for the exception being raised: recording stops being exact, the
+ * program goes on (ddpdoctor must never break it). */
+static void
+internal_error(PyObject *rec)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value != NULL && tb != NULL)
+        PyException_SetTraceback(value, tb);
+    if (value != NULL) {
+        PyObject *r = PyObject_CallMethodOneArg(rec, s_internal_error, value);
+        if (r == NULL)
+            PyErr_Clear();
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+static int
+now_us(PyObject *rec, long long *out)
+{
+    PyObject *ns = PyObject_CallNoArgs(perf_ns);
+    if (ns == NULL)
+        return -1;
+    PyObject *t0 = PyObject_GetAttr(rec, s_t0_ns);
+    if (t0 == NULL) {
+        Py_DECREF(ns);
+        return -1;
+    }
+    long long a = PyLong_AsLongLong(ns), b = PyLong_AsLongLong(t0);
+    Py_DECREF(ns);
+    Py_DECREF(t0);
+    if (PyErr_Occurred())
+        return -1;
+    long long d = a - b;
+    *out = d >= 0 ? d / 1000 : -((-d + 999) / 1000);  /* Python's floor division */
+    return 0;
+}
+
+/* 1: every element finite; 0: one is not; -1: cannot tell here (error cleared). */
+static int
+all_finite_c(PyObject *t)
+{
+    if (Py_TYPE(t) != (PyTypeObject *)tensor_type)
+        return -1;
+    int res = -1;
+    PyObject *v = NULL, *n = NULL, *p = NULL;
+    v = PyObject_GetAttr(t, s_is_cpu);
+    if (v != Py_True)
+        goto done;
+    Py_CLEAR(v);
+    v = PyObject_GetAttr(t, s_layout);
+    if (v != strided)
+        goto done;
+    Py_CLEAR(v);
+    v = PyObject_GetAttr(t, s_is_nested);
+    if (v != Py_False)
+        goto done;
+    Py_CLEAR(v);
+    v = PyObject_GetAttr(t, s_dtype);
+    int is32 = v == f32;
+    if (!is32 && v != f64)
+        goto done;
+    Py_CLEAR(v);
+    v = PyObject_CallMethodNoArgs(t, s_is_contiguous);
+    if (v != Py_True)
+        goto done;
+    n = PyObject_CallMethodNoArgs(t, s_numel);
+    if (n == NULL)
+        goto done;
+    p = PyObject_CallMethodNoArgs(t, s_data_ptr);
+    if (p == NULL)
+        goto done;
+    Py_ssize_t count = PyLong_AsSsize_t(n);
+    void *ptr = PyLong_AsVoidPtr(p);
+    if (PyErr_Occurred() || count < 0 || (ptr == NULL && count > 0))
+        goto done;
+    res = 1;
+    if (is32) {
+        const float *x = (const float *)ptr;
+        for (Py_ssize_t i = 0; i < count; i++)
+            if (!isfinite(x[i])) {
+                res = 0;
+                break;
+            }
+    } else {
+        const double *x = (const double *)ptr;
+        for (Py_ssize_t i = 0; i < count; i++)
+            if (!isfinite(x[i])) {
+                res = 0;
+                break;
+            }
+    }
+done:
+    if (res < 0)
+        PyErr_Clear();
+    Py_XDECREF(v);
+    Py_XDECREF(n);
+    Py_XDECREF(p);
+    return res;
+}
+
+/* Whether DD015's Python check would do nothing for this gradient (see the top comment). */
+static int
+grads_quiet_and_finite(PyObject *grads, PyObject *grad)
+{
+    PyObject *q = PyObject_GetAttr(grads, s_quiet);
+    if (q == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int quiet = q == Py_True;
+    Py_DECREF(q);
+    if (!quiet)
+        return 0;
+    PyObject *fast = PyObject_GetAttr(grads, s_fast);
+    if (fast == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *dt = PyObject_GetAttr(grad, s_dtype);
+    int same = dt != NULL && dt == fast;
+    Py_DECREF(fast);
+    Py_XDECREF(dt);
+    if (!same) {
+        PyErr_Clear();
+        return 0;
+    }
+    return all_finite_c(grad) == 1;
+}
+
+static int
+set_item_plus_one(PyObject *d, PyObject *k, PyObject **out)
+{
+    PyObject *cur = PyObject_GetItem(d, k);
+    if (cur == NULL)
+        return -1;
+    PyObject *nxt = PyNumber_Add(cur, one);
+    Py_DECREF(cur);
+    if (nxt == NULL || PyObject_SetItem(d, k, nxt) < 0) {
+        Py_XDECREF(nxt);
+        return -1;
+    }
+    *out = nxt;
+    return 0;
+}
+
+/* Backward reached the model's output: _BackwardHook.__call__. */
+static PyObject *
+hook_fire(Hook *self, PyObject *grad)
+{
+    if (self->phase)
+        Py_RETURN_NONE;
+    PyObject *rec = self->rec, *info = self->info;
+    PyObject *g = NULL, *seqs = NULL, *seq = NULL, *entry = NULL, *inflight = NULL, *r = NULL;
+    PyObject *tid = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    if (tid == NULL)
+        goto error;
+    self->key = PyTuple_Pack(2, s_ddp_bwd, tid);
+    Py_DECREF(tid);
+    if (self->key == NULL)
+        goto error;
+    self->phase = 1;
+    if (set_item_plus_one(info, s_bwd, &self->step) < 0)
+        goto error;
+    PyObject *fwd = PyObject_GetItem(info, s_fwd);
+    if (fwd == NULL)
+        goto error;
+    int rc = PyObject_SetItem(info, s_fwd_at_bwd, fwd);
+    Py_DECREF(fwd);
+    if (rc < 0)
+        goto error;
+    g = PyObject_GetItem(info, s_g);
+    if (g == NULL)
+        goto error;
+    seqs = PyObject_GetAttr(rec, s_seq);
+    if (seqs == NULL)
+        goto error;
+    PyObject *cur = PyDict_Check(seqs) ? PyDict_GetItemWithError(seqs, g) : NULL;  /* borrowed */
+    if (cur == NULL && PyErr_Occurred())
+        goto error;
+    if (!PyDict_Check(seqs)) {
+        PyErr_SetString(PyExc_TypeError, "rec.seq is not a dict");
+        goto error;
+    }
+    seq = PyNumber_Add(cur != NULL ? cur : zero, one);
+    if (seq == NULL || PyDict_SetItem(seqs, g, seq) < 0)
+        goto error;
+    self->seq = seq;
+    Py_INCREF(seq);
+    if (now_us(rec, &self->start) < 0)
+        goto error;
+    PyObject *start = PyLong_FromLongLong(self->start);
+    if (start == NULL)
+        goto error;
+    entry = PyTuple_Pack(5, s_ddp_backward, g, seq, self->site, start);
+    Py_DECREF(start);
+    if (entry == NULL)
+        goto error;
+    inflight = PyObject_GetAttr(rec, s_inflight);
+    if (inflight == NULL || PyObject_SetItem(inflight, self->key, entry) < 0)
+        goto error;
+    /* The hook runs before any parameter's gradient, so a callback queued now runs before the
+     * one DDP queues to wait for its all-reduce; called, it queues itself again, and the second
+     * call (after DDP's wait) ends the event. */
+    r = PyObject_CallOneArg(queue_cb, (PyObject *)self);
+    if (r == NULL)
+        goto error;
+    Py_CLEAR(r);
+    PyObject *grads = PyObject_GetItem(info, s_grads);
+    if (grads == NULL)
+        goto error;
+    if (grads != Py_None && !grads_quiet_and_finite(grads, grad)) {
+        /* DD015/DD016 (grads.py): before DDP queues its end-of-backward callback */
+        PyObject *args[3] = {grad, self->step, self->site};
+        r = PyObject_Vectorcall(grads, args, 3, NULL);
+        if (r == NULL) {
+            Py_DECREF(grads);
+            goto error;
+        }
+        Py_CLEAR(r);
+    }
+    Py_DECREF(grads);
+    goto done;
+error:
+    internal_error(rec);
+done:
+    Py_XDECREF(g);
+    Py_XDECREF(seqs);
+    Py_XDECREF(seq);
+    Py_XDECREF(entry);
+    Py_XDECREF(inflight);
+    Py_RETURN_NONE;
+}
+
+/* One record with its newline into the mapped trace file (ddp._store). */
+static int
+store(PyObject *rec, PyObject *line)
+{
+    PyObject *data = PyUnicode_AsEncodedString(line, "utf-8", "backslashreplace");
+    if (data == NULL)
+        return -1;
+    PyObject *r = NULL, *mm = NULL;
+    PyObject *w = PyObject_GetAttr(rec, s_writer);
+    if (w != NULL) {
+        mm = PyObject_GetAttr(w, s_mm);
+        Py_DECREF(w);
+    }
+    if (mm != NULL) {
+        r = PyObject_CallMethodOneArg(mm, s_write, data);  /* a memcpy, no syscall */
+        Py_DECREF(mm);
+    }
+    if (r == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError) && !PyErr_ExceptionMatches(PyExc_ValueError)) {
+            Py_DECREF(data);
+            return -1;
+        }
+        PyErr_Clear();  /* a full chunk, a plain writer, no file (yet) */
+        r = PyObject_CallMethodOneArg(rec, s_emit_bytes, data);
+    }
+    Py_DECREF(data);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* After DDP's wait for its all-reduce: _BackwardHook._done. */
+static int
+hook_end(Hook *self)
+{
+    PyObject *rec = self->rec;
+    if (self->key == NULL || self->seq == NULL || self->step == NULL)
+        return 0;  /* the hook failed before it queued the callback: never the case here */
+    PyObject *inflight = PyObject_GetAttr(rec, s_inflight);
+    if (inflight == NULL)
+        return -1;
+    int rc;
+    if (PyDict_CheckExact(inflight)) {  /* inflight.pop(key, None) */
+        rc = PyDict_DelItem(inflight, self->key);
+        if (rc < 0 && PyErr_ExceptionMatches(PyExc_KeyError)) {
+            PyErr_Clear();
+            rc = 0;
+        }
+    } else {
+        PyObject *r = PyObject_CallMethod(inflight, "pop", "OO", self->key, Py_None);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
+    Py_DECREF(inflight);
+    if (rc < 0)
+        return -1;
+    /* gradients exist now (the first backward creates them): rebuild the overlap map */
+    PyObject *ptrs = PyObject_GetAttr(rec, s_ddp_ptrs);
+    if (ptrs == NULL)
+        return -1;
+    rc = PyObject_SetItem(ptrs, s_dirty, Py_True);
+    Py_DECREF(ptrs);
+    if (rc < 0)
+        return -1;
+    long long now;
+    if (now_us(rec, &now) < 0)
+        return -1;
+    PyObject *g = PyObject_GetItem(self->info, s_g);
+    if (g == NULL)
+        return -1;
+    PyObject *line = PyUnicode_FromFormat(
+        "{\"t\":\"c\",\"op\":\"ddp_backward\",\"g\":\"%S\",\"s\":%S,\"ts\":%lld,\"d\":%lld,"
+        "\"site\":%S,\"step\":%S}\n", g, self->seq, self->start, now - self->start, self->site,
+        self->step);
+    Py_DECREF(g);
+    if (line == NULL)
+        return -1;
+    rc = store(rec, line);
+    Py_DECREF(line);
+    return rc;
+}
+
+static PyObject *
+hook_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Hook *self = (Hook *)op;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames)) {
+        PyErr_SetString(PyExc_TypeError, "ddpdoctor hook: no keyword arguments");
+        return NULL;
+    }
+    if (nargs == 1)
+        return hook_fire(self, args[0]);
+    if (nargs != 0) {
+        PyErr_SetString(PyExc_TypeError, "ddpdoctor hook: 0 or 1 argument");
+        return NULL;
+    }
+    /* an engine callback: never raise into the program's backward */
+    if (self->phase == 1) {
+        self->phase = 2;
+        PyObject *r = PyObject_CallOneArg(queue_cb, op);
+        if (r == NULL)
+            internal_error(self->rec);
+        Py_XDECREF(r);
+    } else if (self->phase == 2) {
+        self->phase = 3;
+        if (hook_end(self) < 0)
+            internal_error(self->rec);
+    }
+    Py_RETURN_NONE;
+}
+
+static void
+hook_dealloc(Hook *self)
+{
+    Py_XDECREF(self->rec);
+    Py_XDECREF(self->info);
+    Py_XDECREF(self->site);
+    Py_XDECREF(self->key);
+    Py_XDECREF(self->seq);
+    Py_XDECREF(self->step);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef hook_members[] = {
+    {"key", T_OBJECT, offsetof(Hook, key), READONLY, "(\"ddp_bwd\", thread id) once fired"},
+    {"site", T_OBJECT, offsetof(Hook, site), READONLY, NULL},
+    {NULL},
+};
+
+/* Not tracked by the garbage collector: it refers to the recorder, the module's info dict and a
+ * site id, none of which refers back to a hook (one allocation per step in gen 0 less). */
+static PyTypeObject HookType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ddpdoctor.rank._ddpstep.Hook",
+    .tp_basicsize = sizeof(Hook),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "The DDP backward event: a tensor hook (one argument) and its two engine callbacks "
+              "(no argument).",
+    .tp_dealloc = (destructor)hook_dealloc,
+    .tp_vectorcall_offset = offsetof(Hook, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_members = hook_members,
+};
+
+static PyObject *
+make_hook(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)m;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "hook(rec, info, site)");
+        return NULL;
+    }
+    if (queue_cb == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ddpdoctor _ddpstep: setup() not called");
+        return NULL;
+    }
+    Hook *h = PyObject_New(Hook, &HookType);
+    if (h == NULL)
+        return NULL;
+    h->rec = Py_NewRef(args[0]);
+    h->info = Py_NewRef(args[1]);
+    h->site = Py_NewRef(args[2]);
+    h->key = h->seq = h->step = NULL;
+    h->start = 0;
+    h->phase = 0;
+    h->vectorcall = hook_vectorcall;
+    return (PyObject *)h;
+}
+
+static PyObject *
+setup(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)m;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "setup(queue_callback, perf_counter_ns, Tensor, float32, float64, strided)");
+        return NULL;
+    }
+    PyObject **slots[6] = {&queue_cb, &perf_ns, &tensor_type, &f32, &f64, &strided};
+    for (int i = 0; i < 6; i++) {
+        Py_XSETREF(*slots[i], Py_NewRef(args[i]));
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+all_finite(PyObject *m, PyObject *t)
+{
+    (void)m;
+    if (tensor_type == NULL)
+        Py_RETURN_NONE;
+    int r = all_finite_c(t);
+    if (r < 0)
+        Py_RETURN_NONE;
+    return PyBool_FromLong(r);
+}
+
+static PyMethodDef methods[] = {
+    {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL,
+     "setup(queue_callback, perf_counter_ns, Tensor, float32, float64, strided)"},
+    {"hook", (PyCFunction)(void (*)(void))make_hook, METH_FASTCALL,
+     "hook(rec, info, site): the backward event of one forward's output"},
+    {"all_finite", all_finite, METH_O,
+     "True/False: every element of a CPU contiguous float32/float64 torch.Tensor finite; None: "
+     "not such a tensor"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_ddpstep", .m_doc = NULL, .m_size = -1, .m_methods = methods,
+};
+
+PyMODINIT_FUNC
+PyInit__ddpstep(void)
+{
+    struct { PyObject **slot; const char *text; } names[] = {
+        {&s_bwd, "bwd"}, {&s_fwd, "fwd"}, {&s_fwd_at_bwd, "fwd_at_bwd"}, {&s_g, "g"},
+        {&s_grads, "grads"}, {&s_seq, "seq"}, {&s_t0_ns, "t0_ns"}, {&s_inflight, "inflight"},
+        {&s_ddp_ptrs, "_ddp_ptrs"}, {&s_dirty, "dirty"}, {&s_writer, "writer"}, {&s_mm, "mm"},
+        {&s_write, "write"}, {&s_emit_bytes, "emit_bytes"}, {&s_internal_error, "internal_error"},
+        {&s_quiet, "quiet"}, {&s_fast, "fast"}, {&s_is_cpu, "is_cpu"}, {&s_layout, "layout"},
+        {&s_dtype, "dtype"}, {&s_is_nested, "is_nested"}, {&s_is_contiguous, "is_contiguous"},
+        {&s_numel, "numel"}, {&s_data_ptr, "data_ptr"}, {&s_ddp_bwd, "ddp_bwd"},
+        {&s_ddp_backward, "ddp_backward"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        *names[i].slot = PyUnicode_InternFromString(names[i].text);
+        if (*names[i].slot == NULL)
+            return NULL;
+    }
+    one = PyLong_FromLong(1);
+    zero = PyLong_FromLong(0);
+    if (one == NULL || zero == NULL || PyType_Ready(&HookType) < 0)
+        return NULL;
+    return PyModule_Create(&module);
+}

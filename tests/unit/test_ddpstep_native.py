@@ -1,0 +1,114 @@
+"""rank/_ddpstep.c: DD015's element test and when the C backward hook leaves DD015 to Python."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddpdoctor.rank.patches import ddp
+
+native = pytest.importorskip("ddpdoctor.rank._ddpstep", reason="C extension not built (no compiler)")
+
+
+@pytest.fixture(autouse=True)
+def _set_up():
+    native.setup(ddp._queue_callback, ddp._perf_ns, torch.Tensor, torch.float32, torch.float64, torch.strided)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_all_finite_reads_every_element(dtype):
+    x = torch.arange(40, dtype=dtype)
+    assert native.all_finite(x) is True
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        y = x.clone()
+        y[39] = bad  # the last element: the whole range is read
+        assert native.all_finite(y) is False
+    y = x.clone()
+    y[0] = float("nan")
+    assert native.all_finite(y[1:]) is True  # a view: from its own first element (data_ptr)
+    assert native.all_finite(torch.empty(0, dtype=dtype)) is True
+    big = torch.full((10,), 3e38, dtype=torch.float32)
+    assert native.all_finite(big) is True and not torch.isfinite(big.sum())  # elements, not a sum
+
+
+def test_all_finite_leaves_other_tensors_to_torch():
+    x = torch.ones(4, 6)
+
+    class Sub(torch.Tensor):
+        pass
+
+    for t in (x.t(), x.half(), x.long(), x.to_sparse(), x.as_subclass(Sub), torch.ones(3, dtype=torch.bfloat16),
+              None, 1.0):
+        assert native.all_finite(t) is None
+
+
+class _Grads:
+    """What the C hook reads of grads._Grads: ``quiet``, ``fast``; records its calls."""
+
+    def __init__(self, quiet: bool, fast) -> None:
+        self.quiet, self.fast, self.calls = quiet, fast, []
+
+    def __call__(self, grad, step, site) -> None:
+        self.calls.append((step, site, bool(torch.isfinite(grad).all())))
+
+
+class _Rec:
+    def __init__(self) -> None:
+        self.seq: dict = {}
+        self.t0_ns = 0
+        self.inflight: dict = {}
+        self.writer = None
+        self._ddp_ptrs = {"dirty": False, "map": {}}
+        self.lines: list[bytes] = []
+        self.errors: list = []
+
+    def emit_bytes(self, data: bytes) -> None:
+        self.lines.append(data)
+
+    def internal_error(self, exc: BaseException) -> None:
+        self.errors.append(exc)
+
+
+def _backward(rec, info, scale: float, transpose: bool = False) -> None:
+    x = torch.ones(3, 4, requires_grad=True)
+    out = x * 2
+    hook = native.hook(rec, info, 9)
+    ddp._hook_output(out, hook)
+    (out.t() if transpose else out).mul(scale).sum().backward()
+
+
+@pytest.mark.parametrize("quiet,fast,scale,transpose,called", [
+    (True, torch.float32, 1.0, False, False),   # steady state, finite: nothing for Python to do
+    (True, torch.float32, float("nan"), False, True),  # a NaN: Python decides (and records)
+    (True, torch.float32, float("inf"), False, True),
+    (False, torch.float32, 1.0, False, True),   # not quiet (first backward, pending step...)
+    (True, torch.float64, 1.0, False, True),    # another dtype than the one seen before
+    (True, torch.float32, 1.0, True, True),     # a non-contiguous gradient
+])
+def test_hook_calls_python_check_unless_quiet_and_finite(monkeypatch, quiet, fast, scale, transpose, called):
+    monkeypatch.setattr(ddp, "_TENSOR", [torch.Tensor])
+    rec, grads = _Rec(), _Grads(quiet, fast)
+    info = {"g": "0", "bwd": 4, "fwd": 5, "grads": grads}
+    _backward(rec, info, scale, transpose)
+    assert bool(grads.calls) == called and rec.errors == []
+    if called:
+        assert grads.calls[0][:2] == (5, 9)
+    assert info["bwd"] == 5 and info["fwd_at_bwd"] == 5 and rec.inflight == {}
+    assert rec.lines and rec.lines[0].startswith(b'{"t":"c","op":"ddp_backward","g":"0","s":1,"ts":')
+    assert rec.lines[0].endswith(b',"site":9,"step":5}\n')
+
+
+def test_hook_fires_once_and_reports_its_own_errors(monkeypatch):
+    monkeypatch.setattr(ddp, "_TENSOR", [torch.Tensor])
+    rec = _Rec()
+    info = {"g": "0", "bwd": 0, "fwd": 1, "grads": None}
+    x = torch.ones(3, requires_grad=True)
+    out = x * 2
+    hook = native.hook(rec, info, 1)
+    ddp._hook_output(out, hook)
+    # called outside a backward: the engine refuses the callback, an internal error of ours
+    assert hook(torch.ones(3)) is None and hook(torch.ones(3)) is None  # the second call: nothing
+    assert info["bwd"] == 1 and hook.key is not None and len(rec.errors) == 1
+    assert "backward" in str(rec.errors[0])
+    broken = native.hook(rec, {"g": "0"}, 1)  # no "bwd": an internal error, never the program's
+    assert broken(torch.ones(1)) is None and isinstance(rec.errors[1], KeyError)
