@@ -98,6 +98,34 @@ def test_hook_calls_python_check_unless_quiet_and_finite(monkeypatch, quiet, fas
     assert rec.lines[0].endswith(b',"site":9,"step":5}\n')
 
 
+@pytest.mark.parametrize("group,first_seq", [("0", 0), ("grüppe", 0), ("7", 2**64)])
+def test_record_is_the_python_hooks(monkeypatch, group, first_seq):
+    """The record formatted in C (ASCII group, ints of a long long) or the general way (others),
+    byte for byte what ddp._BackwardHook writes; its times from the same clock."""
+    import json
+    import time
+
+    monkeypatch.setattr(ddp, "_TENSOR", [torch.Tensor])
+    lines = {}
+    for kind, make in (("c", native.hook), ("python", ddp._BackwardHook)):
+        rec = _Rec()
+        rec.t0_ns = time.perf_counter_ns()
+        rec.seq = {group: first_seq}
+        before = (time.perf_counter_ns() - rec.t0_ns) // 1000
+        x = torch.ones(3, requires_grad=True)
+        out = x * 2
+        ddp._hook_output(out, make(rec, {"g": group, "bwd": 2, "fwd": 3, "grads": None}, -1))
+        out.sum().backward()
+        after = (time.perf_counter_ns() - rec.t0_ns) // 1000
+        (line,) = rec.lines
+        line = line if isinstance(line, bytes) else line.encode()
+        r = json.loads(line)
+        assert before <= r["ts"] <= r["ts"] + r["d"] <= after
+        lines[kind] = line.replace(f'"ts":{r["ts"]},"d":{r["d"]}'.encode(), b"T")
+    assert lines["c"] == lines["python"]
+    assert lines["c"].endswith(f'"s":{first_seq + 1},T,"site":-1,"step":3}}\n'.encode())
+
+
 def test_hook_fires_once_and_reports_its_own_errors(monkeypatch):
     monkeypatch.setattr(ddp, "_TENSOR", [torch.Tensor])
     rec = _Rec()
