@@ -30,11 +30,13 @@
 static PyObject *queue_cb = NULL;   /* the autograd engine's queue_callback (bound method) */
 static PyObject *perf_ns = NULL;    /* time.perf_counter_ns: the clock the Python hook reads */
 static PyObject *tensor_type = NULL, *f32 = NULL, *f64 = NULL, *strided = NULL;
+static PyObject *odict = NULL, *hook_id = NULL;  /* collections.OrderedDict, ddp._HOOK_ID */
 
 static PyObject *s_bwd, *s_fwd, *s_fwd_at_bwd, *s_g, *s_grads, *s_seq, *s_t0_ns, *s_inflight,
     *s_ddp_ptrs, *s_dirty, *s_writer, *s_mm, *s_write, *s_emit_bytes, *s_internal_error,
     *s_quiet, *s_fast, *s_is_cpu, *s_layout, *s_dtype, *s_is_nested, *s_is_contiguous,
-    *s_numel, *s_data_ptr, *s_ddp_bwd, *s_ddp_backward, *one, *zero;
+    *s_numel, *s_data_ptr, *s_ddp_bwd, *s_ddp_backward, *s_backward_hooks, *s_grad_fn,
+    *s_register_hook_dict, *s_register_hook, *one, *zero;
 
 typedef struct {
     PyObject_HEAD
@@ -550,17 +552,70 @@ make_hook(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
     return (PyObject *)h;
 }
 
+/* ddp._hook_output(t, hook(rec, info, site)) without a Python frame: the same hook dict on the
+ * tensor and the same registration with its node; a tensor that already has hooks, no node or
+ * another type than torch.Tensor takes the public t.register_hook(hook). */
+static PyObject *
+attach(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "attach(t, rec, info, site)");
+        return NULL;
+    }
+    PyObject *t = args[0];
+    PyObject *hook = make_hook(m, args + 1, 3);
+    if (hook == NULL)
+        return NULL;
+    PyObject *r = NULL;
+    if (Py_TYPE(t) == (PyTypeObject *)tensor_type) {
+        PyObject *hooks = PyObject_GetAttr(t, s_backward_hooks);
+        if (hooks == NULL)
+            goto fail;
+        int none = hooks == Py_None;
+        Py_DECREF(hooks);
+        if (none) {
+            PyObject *fn = PyObject_GetAttr(t, s_grad_fn);
+            if (fn == NULL)
+                goto fail;
+            if (fn != Py_None) {
+                PyObject *d = PyObject_CallNoArgs(odict);
+                if (d == NULL || PyObject_SetItem(d, hook_id, hook) < 0
+                        || PyObject_SetAttr(t, s_backward_hooks, d) < 0) {
+                    Py_XDECREF(d);
+                    Py_DECREF(fn);
+                    goto fail;
+                }
+                Py_DECREF(d);
+                r = PyObject_CallMethodOneArg(fn, s_register_hook_dict, t);
+                Py_DECREF(fn);
+                goto out;
+            }
+            Py_DECREF(fn);
+        }
+    }
+    r = PyObject_CallMethodOneArg(t, s_register_hook, hook);
+out:
+    Py_DECREF(hook);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(hook);
+    return NULL;
+}
+
 static PyObject *
 setup(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)m;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError,
-                        "setup(queue_callback, perf_counter_ns, Tensor, float32, float64, strided)");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "setup(queue_callback, perf_counter_ns, Tensor, float32, "
+                                         "float64, strided, OrderedDict, hook_id)");
         return NULL;
     }
-    PyObject **slots[6] = {&queue_cb, &perf_ns, &tensor_type, &f32, &f64, &strided};
-    for (int i = 0; i < 6; i++) {
+    PyObject **slots[8] = {&queue_cb, &perf_ns, &tensor_type, &f32, &f64, &strided, &odict, &hook_id};
+    for (int i = 0; i < 8; i++) {
         Py_XSETREF(*slots[i], Py_NewRef(args[i]));
     }
     Py_RETURN_NONE;
@@ -580,7 +635,9 @@ all_finite(PyObject *m, PyObject *t)
 
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL,
-     "setup(queue_callback, perf_counter_ns, Tensor, float32, float64, strided)"},
+     "setup(queue_callback, perf_counter_ns, Tensor, float32, float64, strided, OrderedDict, hook_id)"},
+    {"attach", (PyCFunction)(void (*)(void))attach, METH_FASTCALL,
+     "attach(t, rec, info, site): hook(rec, info, site) hung on the output t"},
     {"hook", (PyCFunction)(void (*)(void))make_hook, METH_FASTCALL,
      "hook(rec, info, site): the backward event of one forward's output"},
     {"all_finite", all_finite, METH_O,
@@ -604,7 +661,9 @@ PyInit__ddpstep(void)
         {&s_quiet, "quiet"}, {&s_fast, "fast"}, {&s_is_cpu, "is_cpu"}, {&s_layout, "layout"},
         {&s_dtype, "dtype"}, {&s_is_nested, "is_nested"}, {&s_is_contiguous, "is_contiguous"},
         {&s_numel, "numel"}, {&s_data_ptr, "data_ptr"}, {&s_ddp_bwd, "ddp_bwd"},
-        {&s_ddp_backward, "ddp_backward"},
+        {&s_ddp_backward, "ddp_backward"}, {&s_backward_hooks, "_backward_hooks"},
+        {&s_grad_fn, "grad_fn"}, {&s_register_hook_dict, "_register_hook_dict"},
+        {&s_register_hook, "register_hook"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         *names[i].slot = PyUnicode_InternFromString(names[i].text);

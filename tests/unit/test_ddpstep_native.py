@@ -7,12 +7,9 @@ import torch
 
 from ddpdoctor.rank.patches import ddp
 
-native = pytest.importorskip("ddpdoctor.rank._ddpstep", reason="C extension not built (no compiler)")
-
-
-@pytest.fixture(autouse=True)
-def _set_up():
-    native.setup(ddp._queue_callback, ddp._perf_ns, torch.Tensor, torch.float32, torch.float64, torch.strided)
+native = ddp._native(torch)  # loaded and set up as ddp.patch does
+if native is None:
+    pytest.skip("rank/_ddpstep.c not built (or DDPDOCTOR_NATIVE=0)", allow_module_level=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -124,6 +121,30 @@ def test_record_is_the_python_hooks(monkeypatch, group, first_seq):
         lines[kind] = line.replace(f'"ts":{r["ts"]},"d":{r["d"]}'.encode(), b"T")
     assert lines["c"] == lines["python"]
     assert lines["c"].endswith(f'"s":{first_seq + 1},T,"site":-1,"step":3}}\n'.encode())
+
+
+@pytest.mark.parametrize("kind", ["plain", "has_hooks", "leaf", "subclass"])
+def test_attach_is_hook_output(monkeypatch, kind):
+    """``attach`` hangs the C hook as ``_hook_output`` would: the short registration for a plain
+    non-leaf tensor without hooks, else the public ``register_hook``; the user's hooks still run."""
+    monkeypatch.setattr(ddp, "_TENSOR", [torch.Tensor])
+    rec, seen = _Rec(), []
+
+    class Sub(torch.Tensor):
+        pass
+
+    x = torch.ones(3, requires_grad=True)
+    t = x if kind == "leaf" else (x * 2).as_subclass(Sub) if kind == "subclass" else x * 2
+    if kind == "has_hooks":
+        t.register_hook(lambda g: seen.append("user"))
+    info = {"g": "0", "bwd": 0, "fwd": 1, "grads": None}
+    native.attach(t, rec, info, 3)
+    t.register_hook(lambda g: seen.append("after"))
+    t.sum().backward()
+    assert info["bwd"] == 1 and rec.inflight == {} and len(rec.lines) == 1 and rec.errors == []
+    assert seen == (["user", "after"] if kind == "has_hooks" else ["after"])
+    if kind == "plain":
+        assert list(t._backward_hooks)[0] == ddp._HOOK_ID
 
 
 def test_hook_fires_once_and_reports_its_own_errors(monkeypatch):

@@ -151,9 +151,9 @@ def patch() -> None:
     DDP = ddp_mod.DistributedDataParallel
     if getattr(DDP.__init__, _MARK, False):
         return
-    global _queue_callback, _new_hook
+    global _queue_callback, _attach
     _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
-    _new_hook = _native_hook(torch) or _BackwardHook
+    _attach = getattr(_native(torch), "attach", _attach_python)
     Tensor = _TENSOR[0] = torch.Tensor
     _MODULE_GLOBALS[0] = vars(sys.modules["torch.nn.modules.module"])
     is_grad_enabled = torch.is_grad_enabled
@@ -273,7 +273,7 @@ def patch() -> None:
                 if t is not None:
                     # (a tensor hook, not a pre-hook of its node, which would be ~25 bytecodes
                     # cheaper: the hook is handed this tensor's own gradient, see grads.py)
-                    _hook_output(t, _new_hook(rec, info, site))
+                    _attach(t, rec, info, site)
         except Exception as exc:
             rec.internal_error(exc)
         return out
@@ -402,19 +402,25 @@ class _BackwardHook:
                     f'"step":{self.step}}}\n')
 
 
-def _native_hook(torch):
-    """The backward event in C (rank/_ddpstep.c: the hook and both engine callbacks in one
-    object, DD015's test of a CPU float gradient without a torch reduction; ~40k instructions of
-    Python and torch per step before, issue #11), or None: not built, or ``DDPDOCTOR_NATIVE=0``."""
+def _native(torch):
+    """The backward event in C (rank/_ddpstep.c: ``attach`` = ``_attach_python`` with the hook
+    and both engine callbacks one C object, DD015's test of a CPU float gradient without a torch
+    reduction; ~40k instructions of Python and torch per step before, issue #11), or None: not
+    built, or ``DDPDOCTOR_NATIVE=0``."""
     mod = native.load("_ddpstep")
-    if mod is None:
-        return None
-    mod.setup(_queue_callback, _perf_ns, torch.Tensor, torch.float32, torch.float64, torch.strided)
-    return mod.hook
+    if mod is not None:
+        mod.setup(_queue_callback, _perf_ns, torch.Tensor, torch.float32, torch.float64, torch.strided,
+                  _OrderedDict, _HOOK_ID)
+    return mod
 
 
-#: What the forward hangs on its output: ``_BackwardHook`` or its C twin (``patch`` sets it).
-_new_hook = None
+def _attach_python(t, rec, info, site) -> None:
+    """The forward's output ``t`` gets the hook of its backward event."""
+    _hook_output(t, _BackwardHook(rec, info, site))
+
+
+#: ``_attach_python`` or its C twin (``patch`` sets it).
+_attach = _attach_python
 
 
 def _queue_callback(callback) -> None:
