@@ -31,12 +31,14 @@ static PyObject *queue_cb = NULL;   /* the autograd engine's queue_callback (bou
 static PyObject *perf_ns = NULL;    /* time.perf_counter_ns: the clock the Python hook reads */
 static PyObject *tensor_type = NULL, *f32 = NULL, *f64 = NULL, *strided = NULL;
 static PyObject *odict = NULL, *hook_id = NULL;  /* collections.OrderedDict, ddp._HOOK_ID */
+static PyObject *first_grad_tensor = NULL;      /* ddp._first_grad_tensor */
 
 static PyObject *s_bwd, *s_fwd, *s_fwd_at_bwd, *s_g, *s_grads, *s_seq, *s_t0_ns, *s_inflight,
     *s_ddp_ptrs, *s_dirty, *s_writer, *s_mm, *s_write, *s_emit_bytes, *s_internal_error,
     *s_quiet, *s_fast, *s_is_cpu, *s_layout, *s_dtype, *s_is_nested, *s_is_contiguous,
     *s_numel, *s_data_ptr, *s_ddp_bwd, *s_ddp_backward, *s_backward_hooks, *s_grad_fn,
-    *s_register_hook_dict, *s_register_hook, *one, *zero;
+    *s_register_hook_dict, *s_register_hook, *s_gfwd, *s_has_rebuilt_buckets, *s_next_seq,
+    *s_require_backward_grad_sync, *s_requires_grad, *one, *zero;
 
 typedef struct {
     PyObject_HEAD
@@ -605,17 +607,189 @@ fail:
     return NULL;
 }
 
+/* rec.t0_ns, read once per recorder (it is set when the recorder is made, never changed). */
+static PyObject *t0_rec = NULL;
+static long long t0_val = 0;
+
+static int
+rec_now_us(PyObject *rec, long long *out)
+{
+    if (rec != t0_rec) {
+        PyObject *t0 = PyObject_GetAttr(rec, s_t0_ns);
+        if (t0 == NULL)
+            return -1;
+        long long v = PyLong_AsLongLong(t0);
+        Py_DECREF(t0);
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+        Py_XSETREF(t0_rec, Py_NewRef(rec));
+        t0_val = v;
+    }
+    long long a;
+    if (perf_counter_ns(&a) < 0)
+        return -1;
+    long long d = a - t0_val;
+    *out = d >= 0 ? d / 1000 : -((-d + 999) / 1000);
+    return 0;
+}
+
+static const char *const fwd_extra[4] = {"", ",\"bufs\":1", ",\"grad\":1", ",\"bufs\":1,\"grad\":1"};
+
+/* The forward record's bytes (ddp.py's format), by hand for an ASCII group name and exact ints,
+ * else the general format. */
+static PyObject *
+forward_record(int comm, PyObject *g, PyObject *seq, long long start, long long d, PyObject *site,
+               PyObject *step, int extra)
+{
+    PyObject *nums[3] = {seq, site, step};
+    long long v[3];
+    int fast = PyUnicode_CheckExact(g) && PyUnicode_IS_ASCII(g) && PyUnicode_GET_LENGTH(g) <= 64;
+    for (int i = 0; i < 3 && fast; i++) {
+        int overflow = 0;
+        fast = PyLong_CheckExact(nums[i]);
+        if (fast) {
+            v[i] = PyLong_AsLongLongAndOverflow(nums[i], &overflow);
+            fast = !overflow && !(v[i] == -1 && PyErr_Occurred());
+            PyErr_Clear();
+        }
+    }
+    if (!fast) {
+        PyObject *line = PyUnicode_FromFormat(
+            "{\"t\":\"%s\",\"op\":\"ddp_forward\",\"g\":\"%S\",\"s\":%S,\"ts\":%lld,\"d\":%lld,"
+            "\"site\":%S,\"step\":%S%s}\n", comm ? "c" : "e", g, seq, start, d, site, step,
+            fwd_extra[extra]);
+        if (line == NULL)
+            return NULL;
+        PyObject *data = PyUnicode_AsEncodedString(line, "utf-8", "backslashreplace");
+        Py_DECREF(line);
+        return data;
+    }
+    char buf[256];
+    char *p = put_str(buf, comm ? "{\"t\":\"c\"" : "{\"t\":\"e\"");
+    p = put_str(p, ",\"op\":\"ddp_forward\",\"g\":\"");
+    Py_ssize_t glen = PyUnicode_GET_LENGTH(g);
+    memcpy(p, PyUnicode_DATA(g), (size_t)glen);
+    p += glen;
+    p = put_ll(put_str(p, "\",\"s\":"), v[0]);
+    p = put_ll(put_str(p, ",\"ts\":"), start);
+    p = put_ll(put_str(p, ",\"d\":"), d);
+    p = put_ll(put_str(p, ",\"site\":"), v[1]);
+    p = put_ll(put_str(p, ",\"step\":"), v[2]);
+    p = put_str(put_str(p, fwd_extra[extra]), "}\n");
+    return PyBytes_FromStringAndSize(buf, p - buf);
+}
+
+/* ddp._forward_end_python: what the DDP forward wrapper does once the forward returned (the
+ * record, the output's hook), without its ~100 bytecodes. Errors go to rec.internal_error. */
+static PyObject *
+forward_end(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "forward_end(ddp, rec, info, out, comm, seq, start, site, "
+                                         "sync_bufs, grad, rebuilt_before)");
+        return NULL;
+    }
+    PyObject *ddp = args[0], *rec = args[1], *info = args[2], *out = args[3], *seq = args[5];
+    PyObject *site = args[7];
+    int comm = PyObject_IsTrue(args[4]), sync_bufs = PyObject_IsTrue(args[8]);
+    int grad = PyObject_IsTrue(args[9]);
+    PyObject *step = NULL, *g = NULL, *data = NULL, *t = NULL;
+    Py_INCREF(seq);
+    if (comm < 0 || sync_bufs < 0 || grad < 0)
+        goto error;
+    long long start = PyLong_AsLongLong(args[6]);
+    if (start == -1 && PyErr_Occurred())
+        goto error;
+    if (set_item_plus_one(info, s_fwd, &step) < 0)
+        goto error;
+    if (grad && PyObject_SetItem(info, s_gfwd, step) < 0)  /* overlap(): was it reduced? */
+        goto error;
+    g = PyObject_GetItem(info, s_g);
+    if (g == NULL)
+        goto error;
+    if (args[10] == Py_False && !comm) {  /* DDP rebuilt its buckets in this forward: it communicated */
+        PyObject *hb = PyObject_GetAttr(ddp, s_has_rebuilt_buckets);
+        if (hb == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+                goto error;
+            PyErr_Clear();
+        } else if (hb == Py_True) {
+            comm = 1;
+            Py_SETREF(seq, PyObject_CallMethodOneArg(rec, s_next_seq, g));
+            if (seq == NULL)
+                goto error;
+        }
+        Py_XDECREF(hb);
+    }
+    long long now;
+    if (rec_now_us(rec, &now) < 0)
+        goto error;
+    data = forward_record(comm, g, seq, start, now - start, site, step, sync_bufs + 2 * grad);
+    if (data == NULL || store(rec, data) < 0)
+        goto error;
+    PyObject *ptrs = PyObject_GetAttr(rec, s_ddp_ptrs);
+    if (ptrs == NULL)
+        goto error;
+    int rc = PyObject_SetItem(ptrs, s_dirty, Py_True);
+    Py_DECREF(ptrs);
+    if (rc < 0)
+        goto error;
+    if (grad) {
+        PyObject *sync = PyObject_GetAttr(ddp, s_require_backward_grad_sync);
+        if (sync == NULL)
+            goto error;
+        int on = PyObject_IsTrue(sync);
+        Py_DECREF(sync);
+        if (on < 0)
+            goto error;
+        if (on) {
+            if (Py_TYPE(out) == (PyTypeObject *)tensor_type) {
+                PyObject *rg = PyObject_GetAttr(out, s_requires_grad);
+                if (rg == NULL)
+                    goto error;
+                if (rg == Py_True)
+                    t = Py_NewRef(out);
+                Py_DECREF(rg);
+            } else {
+                t = PyObject_CallOneArg(first_grad_tensor, out);
+                if (t == NULL)
+                    goto error;
+                if (t == Py_None)
+                    Py_CLEAR(t);
+            }
+            if (t != NULL) {
+                PyObject *a[4] = {t, rec, info, site};
+                PyObject *r = attach(m, a, 4);
+                if (r == NULL)
+                    goto error;
+                Py_DECREF(r);
+            }
+        }
+    }
+    goto done;
+error:
+    internal_error(rec);
+done:
+    Py_XDECREF(step);
+    Py_XDECREF(g);
+    Py_XDECREF(data);
+    Py_XDECREF(t);
+    Py_XDECREF(seq);
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 setup(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)m;
-    if (nargs != 8) {
+    if (nargs != 9) {
         PyErr_SetString(PyExc_TypeError, "setup(queue_callback, perf_counter_ns, Tensor, float32, "
-                                         "float64, strided, OrderedDict, hook_id)");
+                                         "float64, strided, OrderedDict, hook_id, first_grad_tensor)");
         return NULL;
     }
-    PyObject **slots[8] = {&queue_cb, &perf_ns, &tensor_type, &f32, &f64, &strided, &odict, &hook_id};
-    for (int i = 0; i < 8; i++) {
+    PyObject **slots[9] = {&queue_cb, &perf_ns, &tensor_type, &f32, &f64, &strided, &odict, &hook_id,
+                           &first_grad_tensor};
+    for (int i = 0; i < 9; i++) {
         Py_XSETREF(*slots[i], Py_NewRef(args[i]));
     }
     Py_RETURN_NONE;
@@ -635,7 +809,10 @@ all_finite(PyObject *m, PyObject *t)
 
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL,
-     "setup(queue_callback, perf_counter_ns, Tensor, float32, float64, strided, OrderedDict, hook_id)"},
+     "setup(queue_callback, perf_counter_ns, Tensor, float32, float64, strided, OrderedDict, hook_id, "
+     "first_grad_tensor)"},
+    {"forward_end", (PyCFunction)(void (*)(void))forward_end, METH_FASTCALL,
+     "forward_end(ddp, rec, info, out, comm, seq, start, site, sync_bufs, grad, rebuilt_before)"},
     {"attach", (PyCFunction)(void (*)(void))attach, METH_FASTCALL,
      "attach(t, rec, info, site): hook(rec, info, site) hung on the output t"},
     {"hook", (PyCFunction)(void (*)(void))make_hook, METH_FASTCALL,
@@ -663,7 +840,10 @@ PyInit__ddpstep(void)
         {&s_numel, "numel"}, {&s_data_ptr, "data_ptr"}, {&s_ddp_bwd, "ddp_bwd"},
         {&s_ddp_backward, "ddp_backward"}, {&s_backward_hooks, "_backward_hooks"},
         {&s_grad_fn, "grad_fn"}, {&s_register_hook_dict, "_register_hook_dict"},
-        {&s_register_hook, "register_hook"},
+        {&s_register_hook, "register_hook"}, {&s_gfwd, "gfwd"},
+        {&s_has_rebuilt_buckets, "_has_rebuilt_buckets"}, {&s_next_seq, "next_seq"},
+        {&s_require_backward_grad_sync, "require_backward_grad_sync"},
+        {&s_requires_grad, "requires_grad"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         *names[i].slot = PyUnicode_InternFromString(names[i].text);

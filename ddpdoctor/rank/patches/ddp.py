@@ -151,10 +151,12 @@ def patch() -> None:
     DDP = ddp_mod.DistributedDataParallel
     if getattr(DDP.__init__, _MARK, False):
         return
-    global _queue_callback, _attach
+    global _queue_callback, _attach, _forward_end
     _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
-    _attach = getattr(_native(torch), "attach", _attach_python)
-    Tensor = _TENSOR[0] = torch.Tensor
+    mod = _native(torch)
+    _attach = getattr(mod, "attach", _attach_python)
+    _forward_end = getattr(mod, "forward_end", _forward_end_python)
+    _TENSOR[0] = torch.Tensor
     _MODULE_GLOBALS[0] = vars(sys.modules["torch.nn.modules.module"])
     is_grad_enabled = torch.is_grad_enabled
     orig_init = DDP.__init__
@@ -254,28 +256,7 @@ def patch() -> None:
             raise
         rec.local.depth = 0
         rec.inflight.pop(fkey, None)
-        try:
-            info["fwd"] += 1
-            if grad:  # the last forward a backward can come from (overlap(): was it reduced?)
-                info["gfwd"] = info["fwd"]
-            rebuilt = rebuilt_before is False and getattr(self, "_has_rebuilt_buckets", False) is True
-            if rebuilt and not comm:  # it did communicate after all
-                comm, seq = True, rec.next_seq(gname)
-            _store(rec, f'{{"t":"{"c" if comm else "e"}","op":"ddp_forward","g":"{gname}","s":{seq},'
-                        f'"ts":{start},"d":{(_perf_ns() - rec.t0_ns) // 1000 - start},"site":{site},'
-                        f'"step":{info["fwd"]}{_EXTRA[sync_bufs + 2 * grad]}}}\n')
-            rec._ddp_ptrs["dirty"] = True
-            if grad and self.require_backward_grad_sync:
-                if type(out) is Tensor:  # the common case, without a call
-                    t = out if out.requires_grad else None
-                else:
-                    t = _first_grad_tensor(out)
-                if t is not None:
-                    # (a tensor hook, not a pre-hook of its node, which would be ~25 bytecodes
-                    # cheaper: the hook is handed this tensor's own gradient, see grads.py)
-                    _attach(t, rec, info, site)
-        except Exception as exc:
-            rec.internal_error(exc)
+        _forward_end(self, rec, info, out, comm, seq, start, site, sync_bufs, grad, rebuilt_before)
         return out
 
     setattr(__init__, _MARK, True)
@@ -410,8 +391,35 @@ def _native(torch):
     mod = native.load("_ddpstep")
     if mod is not None:
         mod.setup(_queue_callback, _perf_ns, torch.Tensor, torch.float32, torch.float64, torch.strided,
-                  _OrderedDict, _HOOK_ID)
+                  _OrderedDict, _HOOK_ID, _first_grad_tensor)
     return mod
+
+
+def _forward_end_python(self, rec, info, out, comm, seq, start, site, sync_bufs, grad, rebuilt_before) -> None:
+    """After a DDP forward returned: its record, then the hook of its backward on the output."""
+    try:
+        gname = info["g"]
+        info["fwd"] += 1
+        if grad:  # the last forward a backward can come from (overlap(): was it reduced?)
+            info["gfwd"] = info["fwd"]
+        rebuilt = rebuilt_before is False and getattr(self, "_has_rebuilt_buckets", False) is True
+        if rebuilt and not comm:  # it did communicate after all
+            comm, seq = True, rec.next_seq(gname)
+        _store(rec, f'{{"t":"{"c" if comm else "e"}","op":"ddp_forward","g":"{gname}","s":{seq},'
+                    f'"ts":{start},"d":{(_perf_ns() - rec.t0_ns) // 1000 - start},"site":{site},'
+                    f'"step":{info["fwd"]}{_EXTRA[sync_bufs + 2 * grad]}}}\n')
+        rec._ddp_ptrs["dirty"] = True
+        if grad and self.require_backward_grad_sync:
+            if type(out) is _TENSOR[0]:  # the common case, without a call
+                t = out if out.requires_grad else None
+            else:
+                t = _first_grad_tensor(out)
+            if t is not None:
+                # (a tensor hook, not a pre-hook of its node, which would be ~25 bytecodes
+                # cheaper: the hook is handed this tensor's own gradient, see grads.py)
+                _attach(t, rec, info, site)
+    except Exception as exc:
+        rec.internal_error(exc)
 
 
 def _attach_python(t, rec, info, site) -> None:
@@ -419,8 +427,9 @@ def _attach_python(t, rec, info, site) -> None:
     _hook_output(t, _BackwardHook(rec, info, site))
 
 
-#: ``_attach_python`` or its C twin (``patch`` sets it).
+#: ``_attach_python`` and ``_forward_end_python`` or their C twins (``patch`` sets them).
 _attach = _attach_python
+_forward_end = _forward_end_python
 
 
 def _queue_callback(callback) -> None:
