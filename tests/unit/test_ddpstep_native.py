@@ -161,3 +161,64 @@ def test_hook_fires_once_and_reports_its_own_errors(monkeypatch):
     assert "backward" in str(rec.errors[0])
     broken = native.hook(rec, {"g": "0"}, 1)  # no "bwd": an internal error, never the program's
     assert broken(torch.ones(1)) is None and isinstance(rec.errors[1], KeyError)
+
+
+class _Module:
+    """What the forward's end reads of a DDP module."""
+
+    def __init__(self, sync: bool, rebuilt) -> None:
+        self.require_backward_grad_sync = sync
+        if rebuilt is not None:
+            self._has_rebuilt_buckets = rebuilt
+
+
+class _SeqRec(_Rec):
+    def next_seq(self, g: str) -> int:
+        self.seq[g] = self.seq.get(g, 0) + 1
+        return self.seq[g]
+
+
+@pytest.mark.parametrize("case", [
+    dict(comm=False, grad=True, sync_bufs=False, rebuilt_before=True, rebuilt=True, sync=True, out="tensor"),
+    dict(comm=True, grad=True, sync_bufs=True, rebuilt_before=True, rebuilt=True, sync=True, out="dict"),
+    dict(comm=False, grad=True, sync_bufs=False, rebuilt_before=False, rebuilt=True, sync=True, out="tensor"),
+    dict(comm=False, grad=False, sync_bufs=True, rebuilt_before=False, rebuilt=None, sync=True, out="tensor"),
+    dict(comm=False, grad=True, sync_bufs=False, rebuilt_before=True, rebuilt=True, sync=False, out="tensor"),
+    dict(comm=False, grad=True, sync_bufs=False, rebuilt_before=True, rebuilt=True, sync=True, out="nograd"),
+    dict(comm=True, grad=True, sync_bufs=False, rebuilt_before=True, rebuilt=True, sync=True, out="tensor",
+         group="grüppe"),
+])
+def test_forward_end_is_the_python_one(monkeypatch, case):
+    """forward_end in C: the same record (byte for byte but its times), the same state, and the
+    output hooked as ddp._forward_end_python does."""
+    import json
+    import time
+
+    monkeypatch.setattr(ddp, "_TENSOR", [torch.Tensor])
+    monkeypatch.setattr(ddp, "_attach", native.attach)
+    got = {}
+    for kind, end in (("c", native.forward_end), ("python", ddp._forward_end_python)):
+        rec = _SeqRec()
+        rec.t0_ns = time.perf_counter_ns()
+        g = case.get("group", "0")
+        rec.seq = {g: 4}
+        info = {"g": g, "bwd": 2, "fwd": 3, "grads": None}
+        x = torch.ones(3, requires_grad=case["out"] != "nograd")
+        y = x * 2
+        out = {"a": 1, "y": y} if case["out"] == "dict" else y
+        mod = _Module(case["sync"], case["rebuilt"])
+        seq = 5 if case["comm"] else 0
+        before = (time.perf_counter_ns() - rec.t0_ns) // 1000
+        end(mod, rec, info, out, case["comm"], seq, before, 7, case["sync_bufs"], case["grad"],
+            case["rebuilt_before"])
+        after = (time.perf_counter_ns() - rec.t0_ns) // 1000
+        (line,) = rec.lines
+        r = json.loads(line)
+        assert r["ts"] == before and before + r["d"] <= after
+        if y.requires_grad:
+            y.sum().backward()
+        got[kind] = (line.replace(f'"ts":{r["ts"]},"d":{r["d"]}'.encode(), b"T"), dict(info), dict(rec.seq), len(rec.lines),
+                     rec.errors, rec._ddp_ptrs["dirty"])
+    assert got["c"] == got["python"]
+    hooked = case["grad"] and case["sync"] and case["out"] != "nograd"
+    assert got["c"][3] == 1 + hooked and got["c"][4] == [] and got["c"][5] is True
