@@ -25,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 #include <structmember.h>
+#include <frameobject.h>
 
 /* set once by setup() (strong references, never released) */
 static PyObject *queue_cb = NULL;   /* the autograd engine's queue_callback (bound method) */
@@ -32,13 +33,15 @@ static PyObject *perf_ns = NULL;    /* time.perf_counter_ns: the clock the Pytho
 static PyObject *tensor_type = NULL, *f32 = NULL, *f64 = NULL, *strided = NULL;
 static PyObject *odict = NULL, *hook_id = NULL;  /* collections.OrderedDict, ddp._HOOK_ID */
 static PyObject *first_grad_tensor = NULL;      /* ddp._first_grad_tensor */
+static PyObject *is_grad_enabled = NULL, *site_of = NULL;  /* torch.is_grad_enabled, ddp's site lookup */
 
 static PyObject *s_bwd, *s_fwd, *s_fwd_at_bwd, *s_g, *s_grads, *s_seq, *s_t0_ns, *s_inflight,
     *s_ddp_ptrs, *s_dirty, *s_writer, *s_mm, *s_write, *s_emit_bytes, *s_internal_error,
     *s_quiet, *s_fast, *s_is_cpu, *s_layout, *s_dtype, *s_is_nested, *s_is_contiguous,
-    *s_numel, *s_data_ptr, *s_ddp_bwd, *s_ddp_backward, *s_backward_hooks, *s_grad_fn,
+    *s_nbytes, *s_data_ptr, *s_ddp_bwd, *s_ddp_backward, *s_backward_hooks, *s_grad_fn,
     *s_register_hook_dict, *s_register_hook, *s_gfwd, *s_has_rebuilt_buckets, *s_next_seq,
-    *s_require_backward_grad_sync, *s_requires_grad, *one, *zero;
+    *s_require_backward_grad_sync, *s_requires_grad, *s_modules_buffers, *s_check_sync_bufs, *s_sites,
+    *s_fkey, *s_ddp_forward, *one, *zero;
 
 typedef struct {
     PyObject_HEAD
@@ -143,13 +146,13 @@ all_finite_c(PyObject *t)
     v = PyObject_CallMethodNoArgs(t, s_is_contiguous);
     if (v != Py_True)
         goto done;
-    n = PyObject_CallMethodNoArgs(t, s_numel);
+    n = PyObject_GetAttr(t, s_nbytes);  /* numel * itemsize, a getter (numel() is a method call) */
     if (n == NULL)
         goto done;
     p = PyObject_CallMethodNoArgs(t, s_data_ptr);
     if (p == NULL)
         goto done;
-    Py_ssize_t count = PyLong_AsSsize_t(n);
+    Py_ssize_t count = PyLong_AsSsize_t(n) / (is32 ? 4 : 8);
     void *ptr = PyLong_AsVoidPtr(p);
     if (PyErr_Occurred() || count < 0 || (ptr == NULL && count > 0))
         goto done;
@@ -778,18 +781,124 @@ done:
     Py_RETURN_NONE;
 }
 
+/* ddp._forward_begin_python: before a DDP forward runs (called from the forward wrapper, whose
+ * caller, nn.Module's _call_impl, is the frame the site lookup starts from). Raises on error:
+ * the wrapper reports it and runs the forward untraced. */
+static PyObject *
+forward_begin(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)m;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "forward_begin(ddp, rec, info)");
+        return NULL;
+    }
+    PyObject *ddp = args[0], *rec = args[1], *info = args[2];
+    PyObject *grad = NULL, *rebuilt_before = NULL, *gname = NULL, *site = NULL, *seq = NULL;
+    PyObject *fkey = NULL, *start_o = NULL, *entry = NULL, *inflight = NULL, *res = NULL;
+    int sync_bufs = 0, comm;
+    grad = PyObject_CallNoArgs(is_grad_enabled);
+    if (grad == NULL)
+        goto done;
+    int grad_on = PyObject_IsTrue(grad);
+    if (grad_on < 0)
+        goto done;
+    /* DDP's own test, two Python calls: only for a module with buffers to broadcast */
+    PyObject *mb = PyObject_GetAttr(ddp, s_modules_buffers);
+    if (mb == NULL)
+        goto done;
+    sync_bufs = PyObject_IsTrue(mb);
+    Py_DECREF(mb);
+    if (sync_bufs > 0) {
+        PyObject *r = PyObject_CallMethodNoArgs(ddp, s_check_sync_bufs);
+        if (r == NULL)
+            goto done;
+        sync_bufs = PyObject_IsTrue(r);
+        Py_DECREF(r);
+    }
+    if (sync_bufs < 0)
+        goto done;
+    rebuilt_before = PyObject_GetAttr(ddp, s_has_rebuilt_buckets);
+    if (rebuilt_before == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            goto done;
+        PyErr_Clear();
+        rebuilt_before = Py_NewRef(Py_True);
+    }
+    comm = sync_bufs;
+    if (!comm && grad_on) {
+        int rb = PyObject_IsTrue(rebuilt_before);
+        if (rb < 0)
+            goto done;
+        if (!rb) {
+            PyObject *bwd = PyObject_GetItem(info, s_bwd);
+            if (bwd == NULL)
+                goto done;
+            comm = PyObject_RichCompareBool(bwd, zero, Py_GT);
+            Py_DECREF(bwd);
+            if (comm < 0)
+                goto done;
+        }
+    }
+    gname = PyObject_GetItem(info, s_g);
+    if (gname == NULL)
+        goto done;
+    PyObject *sites = PyObject_GetAttr(rec, s_sites);
+    if (sites == NULL)
+        goto done;
+    PyFrameObject *here = PyEval_GetFrame();  /* borrowed: the wrapper's frame */
+    PyFrameObject *caller = here != NULL ? PyFrame_GetBack(here) : NULL;
+    if (caller != NULL) {
+        PyObject *a[2] = {sites, (PyObject *)caller};
+        site = PyObject_Vectorcall(site_of, a, 2, NULL);
+        Py_DECREF(caller);
+    } else {
+        site = PyObject_CallMethod(sites, "current", "i", 2);
+    }
+    Py_DECREF(sites);
+    if (site == NULL)
+        goto done;
+    seq = comm ? PyObject_CallMethodOneArg(rec, s_next_seq, gname) : Py_NewRef(zero);
+    if (seq == NULL)
+        goto done;
+    long long start;
+    if (rec_now_us(rec, &start) < 0)
+        goto done;
+    start_o = PyLong_FromLongLong(start);
+    fkey = PyObject_GetItem(info, s_fkey);
+    if (start_o == NULL || fkey == NULL)
+        goto done;
+    entry = PyTuple_Pack(5, s_ddp_forward, gname, seq, site, start_o);
+    inflight = PyObject_GetAttr(rec, s_inflight);
+    if (entry == NULL || inflight == NULL || PyObject_SetItem(inflight, fkey, entry) < 0)
+        goto done;
+    res = PyTuple_Pack(9, comm ? Py_True : Py_False, seq, start_o, site, sync_bufs ? Py_True : Py_False,
+                       grad, rebuilt_before, gname, fkey);
+done:
+    Py_XDECREF(grad);
+    Py_XDECREF(rebuilt_before);
+    Py_XDECREF(gname);
+    Py_XDECREF(site);
+    Py_XDECREF(seq);
+    Py_XDECREF(fkey);
+    Py_XDECREF(start_o);
+    Py_XDECREF(entry);
+    Py_XDECREF(inflight);
+    return res;
+}
+
 static PyObject *
 setup(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)m;
-    if (nargs != 9) {
+    if (nargs != 11) {
         PyErr_SetString(PyExc_TypeError, "setup(queue_callback, perf_counter_ns, Tensor, float32, "
-                                         "float64, strided, OrderedDict, hook_id, first_grad_tensor)");
+                        "float64, strided, OrderedDict, hook_id, first_grad_tensor, is_grad_enabled, "
+                        "site_of)");
         return NULL;
     }
-    PyObject **slots[9] = {&queue_cb, &perf_ns, &tensor_type, &f32, &f64, &strided, &odict, &hook_id,
-                           &first_grad_tensor};
-    for (int i = 0; i < 9; i++) {
+    PyObject **slots[11] = {&queue_cb, &perf_ns, &tensor_type, &f32, &f64, &strided, &odict, &hook_id,
+                            &first_grad_tensor, &is_grad_enabled, &site_of};
+    for (int i = 0; i < 11; i++) {
         Py_XSETREF(*slots[i], Py_NewRef(args[i]));
     }
     Py_RETURN_NONE;
@@ -810,7 +919,10 @@ all_finite(PyObject *m, PyObject *t)
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL,
      "setup(queue_callback, perf_counter_ns, Tensor, float32, float64, strided, OrderedDict, hook_id, "
-     "first_grad_tensor)"},
+     "first_grad_tensor, is_grad_enabled, site_of)"},
+    {"forward_begin", (PyCFunction)(void (*)(void))forward_begin, METH_FASTCALL,
+     "forward_begin(ddp, rec, info) -> (comm, seq, start, site, sync_bufs, grad, rebuilt_before, "
+     "gname, fkey)"},
     {"forward_end", (PyCFunction)(void (*)(void))forward_end, METH_FASTCALL,
      "forward_end(ddp, rec, info, out, comm, seq, start, site, sync_bufs, grad, rebuilt_before)"},
     {"attach", (PyCFunction)(void (*)(void))attach, METH_FASTCALL,
@@ -837,13 +949,15 @@ PyInit__ddpstep(void)
         {&s_write, "write"}, {&s_emit_bytes, "emit_bytes"}, {&s_internal_error, "internal_error"},
         {&s_quiet, "quiet"}, {&s_fast, "fast"}, {&s_is_cpu, "is_cpu"}, {&s_layout, "layout"},
         {&s_dtype, "dtype"}, {&s_is_nested, "is_nested"}, {&s_is_contiguous, "is_contiguous"},
-        {&s_numel, "numel"}, {&s_data_ptr, "data_ptr"}, {&s_ddp_bwd, "ddp_bwd"},
+        {&s_nbytes, "nbytes"}, {&s_data_ptr, "data_ptr"}, {&s_ddp_bwd, "ddp_bwd"},
         {&s_ddp_backward, "ddp_backward"}, {&s_backward_hooks, "_backward_hooks"},
         {&s_grad_fn, "grad_fn"}, {&s_register_hook_dict, "_register_hook_dict"},
         {&s_register_hook, "register_hook"}, {&s_gfwd, "gfwd"},
         {&s_has_rebuilt_buckets, "_has_rebuilt_buckets"}, {&s_next_seq, "next_seq"},
         {&s_require_backward_grad_sync, "require_backward_grad_sync"},
-        {&s_requires_grad, "requires_grad"},
+        {&s_requires_grad, "requires_grad"}, {&s_modules_buffers, "modules_buffers"},
+        {&s_check_sync_bufs, "_check_sync_bufs_pre_fwd"}, {&s_sites, "sites"}, {&s_fkey, "fkey"},
+        {&s_ddp_forward, "ddp_forward"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         *names[i].slot = PyUnicode_InternFromString(names[i].text);

@@ -151,14 +151,15 @@ def patch() -> None:
     DDP = ddp_mod.DistributedDataParallel
     if getattr(DDP.__init__, _MARK, False):
         return
-    global _queue_callback, _attach, _forward_end
+    global _queue_callback, _attach, _forward_end, _forward_begin
     _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
     mod = _native(torch)
     _attach = getattr(mod, "attach", _attach_python)
     _forward_end = getattr(mod, "forward_end", _forward_end_python)
+    _forward_begin = getattr(mod, "forward_begin", _forward_begin_python)
     _TENSOR[0] = torch.Tensor
     _MODULE_GLOBALS[0] = vars(sys.modules["torch.nn.modules.module"])
-    is_grad_enabled = torch.is_grad_enabled
+    _FWD[:] = _fwd_defaults(torch)
     orig_init = DDP.__init__
     orig_forward = DDP.forward
     rec_get = recorder_mod.get
@@ -224,20 +225,7 @@ def patch() -> None:
         if rec is None or not rec.enabled or info is None or rec.local.depth:
             return orig_forward(self, *inputs, **kwargs)
         try:
-            grad = is_grad_enabled()
-            # DDP's own test, two Python calls: only for a module with buffers to broadcast
-            sync_bufs = bool(self.modules_buffers) and bool(self._check_sync_bufs_pre_fwd())
-            rebuilt_before = getattr(self, "_has_rebuilt_buckets", True)
-            comm = sync_bufs or (grad and not rebuilt_before and info["bwd"] > 0)
-            gname = info["g"]
-            try:  # the caller's frame without sys._getframe (an audit event): see callsite
-                site = _forward_site(rec.sites, resume_frames(None).f_back)
-            except ValueError:  # another thread is inside the frame generator
-                site = rec.sites.current(2)
-            seq = rec.next_seq(gname) if comm else 0
-            start = (_perf_ns() - rec.t0_ns) // 1000
-            fkey = info["fkey"]
-            rec.inflight[fkey] = ("ddp_forward", gname, seq, site, start)
+            comm, seq, start, site, sync_bufs, grad, rebuilt_before, gname, fkey = _forward_begin(self, rec, info)
         except Exception as exc:
             rec.internal_error(exc)
             fkey = None
@@ -389,10 +377,42 @@ def _native(torch):
     reduction; ~40k instructions of Python and torch per step before, issue #11), or None: not
     built, or ``DDPDOCTOR_NATIVE=0``."""
     mod = native.load("_ddpstep")
+    if not _FWD:
+        _FWD[:] = _fwd_defaults(torch)
     if mod is not None:
         mod.setup(_queue_callback, _perf_ns, torch.Tensor, torch.float32, torch.float64, torch.strided,
-                  _OrderedDict, _HOOK_ID, _first_grad_tensor)
+                  _OrderedDict, _HOOK_ID, _first_grad_tensor, *_FWD)
     return mod
+
+
+def _forward_begin_python(self, rec, info) -> tuple:
+    """Before a DDP forward runs: whether it communicates, its sequence number, start, call site
+    and in-flight entry."""
+    is_grad_enabled, site_of = _FWD
+    grad = is_grad_enabled()
+    # DDP's own test, two Python calls: only for a module with buffers to broadcast
+    sync_bufs = bool(self.modules_buffers) and bool(self._check_sync_bufs_pre_fwd())
+    rebuilt_before = getattr(self, "_has_rebuilt_buckets", True)
+    comm = sync_bufs or (grad and not rebuilt_before and info["bwd"] > 0)
+    gname = info["g"]
+    try:  # the caller's frame (nn.Module's) without sys._getframe (an audit event): see callsite
+        site = site_of(rec.sites, resume_frames(None).f_back.f_back)
+    except ValueError:  # another thread is inside the frame generator
+        site = rec.sites.current(3)
+    seq = rec.next_seq(gname) if comm else 0
+    start = (_perf_ns() - rec.t0_ns) // 1000
+    fkey = info["fkey"]
+    rec.inflight[fkey] = ("ddp_forward", gname, seq, site, start)
+    return comm, seq, start, site, sync_bufs, grad, rebuilt_before, gname, fkey
+
+
+#: ``torch.is_grad_enabled`` and the forward's site lookup (``patch`` sets them).
+_FWD: list = []
+
+
+def _fwd_defaults(torch) -> list:
+    # with the C site key ``at`` is the short path itself: called directly, one frame less
+    return [torch.is_grad_enabled, _forward_site if callsite._site_key is None else callsite.SiteTable.at]
 
 
 def _forward_end_python(self, rec, info, out, comm, seq, start, site, sync_bufs, grad, rebuilt_before) -> None:
@@ -430,6 +450,7 @@ def _attach_python(t, rec, info, site) -> None:
 #: ``_attach_python`` and ``_forward_end_python`` or their C twins (``patch`` sets them).
 _attach = _attach_python
 _forward_end = _forward_end_python
+_forward_begin = _forward_begin_python
 
 
 def _queue_callback(callback) -> None:
