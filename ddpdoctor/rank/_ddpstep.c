@@ -886,6 +886,144 @@ done:
     return res;
 }
 
+/* stephooks._Post in C: an optimizer's step post hook (the step count, replica digests when
+ * due), called by torch after every optimizer step: ~40 bytecodes and a Python frame a step. */
+static PyObject *steps_list = NULL, *gen_list = NULL, *step_hooks = NULL, *refresh_reps = NULL;
+static PyObject *s_steps, *s_due, *s_after_step;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *first;                /* the first-step pre hook's handle until that step is over */
+    PyObject *gen;                  /* GEN[0] when reps was computed (NULL: never) */
+    PyObject *reps;                 /* a tuple of replicas.py's per-module states */
+    vectorcallfunc vectorcall;
+} Post;
+
+static PyObject *
+post_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Post *self = (Post *)op;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 3 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "post hook(opt, args, kwargs)");
+        return NULL;
+    }
+    /* STEPS[0] += 1 */
+    PyObject *n = PyNumber_Add(PyList_GET_ITEM(steps_list, 0), one);
+    if (n == NULL || PyList_SetItem(steps_list, 0, n) < 0)
+        return NULL;
+    PyObject *gen = PyList_GET_ITEM(gen_list, 0);
+    int changed = self->gen == NULL ? 1 : PyObject_RichCompareBool(self->gen, gen, Py_NE);
+    if (changed < 0)
+        return NULL;
+    if (changed) {
+        Py_XSETREF(self->gen, Py_NewRef(gen));
+        PyObject *first = self->first;
+        self->first = Py_NewRef(Py_None);
+        PyObject *a[2] = {first, args[0]};
+        PyObject *reps = PyObject_Vectorcall(refresh_reps, a, 2, NULL);
+        Py_DECREF(first);
+        PyObject *tup = reps != NULL ? PySequence_Tuple(reps) : NULL;
+        Py_XDECREF(reps);
+        if (tup == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception))
+                return NULL;
+            PyErr_Clear();  /* never break the program's step; its digests are not taken */
+            tup = PyTuple_New(0);
+            if (tup == NULL)
+                return NULL;
+        }
+        Py_XSETREF(self->reps, tup);
+    }
+    PyObject *reps = Py_NewRef(self->reps);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(reps); i++) {
+        PyObject *rep = PyTuple_GET_ITEM(reps, i);
+        PyObject *cur = PyObject_GetAttr(rep, s_steps);
+        PyObject *nxt = cur != NULL ? PyNumber_Add(cur, one) : NULL;
+        Py_XDECREF(cur);
+        if (nxt == NULL || PyObject_SetAttr(rep, s_steps, nxt) < 0) {
+            Py_XDECREF(nxt);
+            Py_DECREF(reps);
+            return NULL;
+        }
+        PyObject *due = PyObject_GetAttr(rep, s_due);
+        int at = due != NULL ? PyObject_RichCompareBool(nxt, due, Py_GE) : -1;
+        Py_DECREF(nxt);
+        Py_XDECREF(due);
+        if (at > 0) {  /* a digest is due, or accelerator copies are pending (replicas.py) */
+            PyObject *r = PyObject_CallMethodOneArg(step_hooks, s_after_step, rep);
+            if (r == NULL)
+                at = -1;
+            Py_XDECREF(r);
+        }
+        if (at < 0) {
+            Py_DECREF(reps);
+            return NULL;
+        }
+    }
+    Py_DECREF(reps);
+    Py_RETURN_NONE;
+}
+
+static void
+post_dealloc(Post *self)
+{
+    Py_XDECREF(self->first);
+    Py_XDECREF(self->gen);
+    Py_XDECREF(self->reps);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Not tracked by the garbage collector: it refers to a hook handle (which refers to the
+ * optimizer's hook dict only weakly) and to replicas.py's states, never back to itself. */
+static PyTypeObject PostType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ddpdoctor.rank._ddpstep.Post",
+    .tp_basicsize = sizeof(Post),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "An optimizer's step post hook (stephooks._Post).",
+    .tp_dealloc = (destructor)post_dealloc,
+    .tp_vectorcall_offset = offsetof(Post, vectorcall),
+    .tp_call = PyVectorcall_Call,
+};
+
+static PyObject *
+make_post(PyObject *m, PyObject *first)
+{
+    (void)m;
+    if (refresh_reps == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ddpdoctor _ddpstep: step_setup() not called");
+        return NULL;
+    }
+    Post *p = PyObject_New(Post, &PostType);
+    if (p == NULL)
+        return NULL;
+    p->first = Py_NewRef(first);
+    p->gen = NULL;
+    p->reps = PyTuple_New(0);
+    p->vectorcall = post_vectorcall;
+    if (p->reps == NULL) {
+        Py_DECREF(p);
+        return NULL;
+    }
+    return (PyObject *)p;
+}
+
+static PyObject *
+step_setup(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)m;
+    if (nargs != 4 || !PyList_CheckExact(args[0]) || PyList_GET_SIZE(args[0]) != 1
+            || !PyList_CheckExact(args[1]) || PyList_GET_SIZE(args[1]) != 1) {
+        PyErr_SetString(PyExc_TypeError, "step_setup(STEPS, GEN, HOOKS, refresh_reps)");
+        return NULL;
+    }
+    PyObject **slots[4] = {&steps_list, &gen_list, &step_hooks, &refresh_reps};
+    for (int i = 0; i < 4; i++)
+        Py_XSETREF(*slots[i], Py_NewRef(args[i]));
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 setup(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -920,6 +1058,9 @@ static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL,
      "setup(queue_callback, perf_counter_ns, Tensor, float32, float64, strided, OrderedDict, hook_id, "
      "first_grad_tensor, is_grad_enabled, site_of)"},
+    {"step_setup", (PyCFunction)(void (*)(void))step_setup, METH_FASTCALL,
+     "step_setup(STEPS, GEN, HOOKS, refresh_reps): stephooks' shared state"},
+    {"post", make_post, METH_O, "post(first): an optimizer's step post hook (stephooks._Post)"},
     {"forward_begin", (PyCFunction)(void (*)(void))forward_begin, METH_FASTCALL,
      "forward_begin(ddp, rec, info) -> (comm, seq, start, site, sync_bufs, grad, rebuilt_before, "
      "gname, fkey)"},
@@ -966,7 +1107,11 @@ PyInit__ddpstep(void)
     }
     one = PyLong_FromLong(1);
     zero = PyLong_FromLong(0);
-    if (one == NULL || zero == NULL || PyType_Ready(&HookType) < 0)
+    s_steps = PyUnicode_InternFromString("steps");
+    s_due = PyUnicode_InternFromString("due");
+    s_after_step = PyUnicode_InternFromString("after_step");
+    if (one == NULL || zero == NULL || s_steps == NULL || s_due == NULL || s_after_step == NULL
+            || PyType_Ready(&HookType) < 0 || PyType_Ready(&PostType) < 0)
         return NULL;
     return PyModule_Create(&module);
 }
