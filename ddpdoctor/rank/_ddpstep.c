@@ -34,6 +34,7 @@ static PyObject *tensor_type = NULL, *f32 = NULL, *f64 = NULL, *strided = NULL;
 static PyObject *odict = NULL, *hook_id = NULL;  /* collections.OrderedDict, ddp._HOOK_ID */
 static PyObject *first_grad_tensor = NULL;      /* ddp._first_grad_tensor */
 static PyObject *is_grad_enabled = NULL, *site_of = NULL;  /* torch.is_grad_enabled, ddp's site lookup */
+static PyObject *site_key = NULL;  /* callsite._site_key, or None */
 
 static PyObject *s_bwd, *s_fwd, *s_fwd_at_bwd, *s_g, *s_grads, *s_seq, *s_t0_ns, *s_inflight,
     *s_ddp_ptrs, *s_dirty, *s_writer, *s_mm, *s_write, *s_emit_bytes, *s_internal_error,
@@ -41,7 +42,7 @@ static PyObject *s_bwd, *s_fwd, *s_fwd_at_bwd, *s_g, *s_grads, *s_seq, *s_t0_ns,
     *s_nbytes, *s_data_ptr, *s_ddp_bwd, *s_ddp_backward, *s_backward_hooks, *s_grad_fn,
     *s_register_hook_dict, *s_register_hook, *s_gfwd, *s_has_rebuilt_buckets, *s_next_seq,
     *s_require_backward_grad_sync, *s_requires_grad, *s_modules_buffers, *s_check_sync_bufs, *s_sites,
-    *s_fkey, *s_ddp_forward, *one, *zero;
+    *s_fkey, *s_ddp_forward, *s_gkind, *s_lib, *s_at, *one, *zero;
 
 typedef struct {
     PyObject_HEAD
@@ -781,6 +782,36 @@ done:
     Py_RETURN_NONE;
 }
 
+/* What SiteTable.at returns at once when the C key (callsite._site_key, rank/_sitewalk.c) is set
+ * and already interned: key = _site_key(f, sites._gkind, sites._lib), then sites._at.get(key).
+ * NULL without an error: anything else (no C key, a new key), and the caller calls ``at``. */
+static PyObject *
+site_hit(PyObject *sites, PyFrameObject *f)
+{
+    if (site_key == Py_None)
+        return NULL;
+    PyObject *gkind = PyObject_GetAttr(sites, s_gkind);
+    PyObject *lib = gkind != NULL ? PyObject_GetAttr(sites, s_lib) : NULL;
+    PyObject *key = NULL, *at = NULL, *sid = NULL;
+    if (lib != NULL) {
+        PyObject *a[3] = {(PyObject *)f, gkind, lib};
+        key = PyObject_Vectorcall(site_key, a, 3, NULL);
+    }
+    if (key != NULL && key != Py_None)
+        at = PyObject_GetAttr(sites, s_at);
+    if (at != NULL && PyDict_CheckExact(at)) {
+        sid = PyDict_GetItemWithError(at, key);  /* borrowed */
+        Py_XINCREF(sid);
+    }
+    Py_XDECREF(gkind);
+    Py_XDECREF(lib);
+    Py_XDECREF(key);
+    Py_XDECREF(at);
+    if (sid == NULL)
+        PyErr_Clear();  /* ``at`` itself decides (and raises, if it must) */
+    return sid;
+}
+
 /* ddp._forward_begin_python: before a DDP forward runs (called from the forward wrapper, whose
  * caller, nn.Module's _call_impl, is the frame the site lookup starts from). Raises on error:
  * the wrapper reports it and runs the forward untraced. */
@@ -848,8 +879,11 @@ forward_begin(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
     PyFrameObject *here = PyEval_GetFrame();  /* borrowed: the wrapper's frame */
     PyFrameObject *caller = here != NULL ? PyFrame_GetBack(here) : NULL;
     if (caller != NULL) {
-        PyObject *a[2] = {sites, (PyObject *)caller};
-        site = PyObject_Vectorcall(site_of, a, 2, NULL);
+        site = site_hit(sites, caller);  /* SiteTable.at's first lines, without its Python frame */
+        if (site == NULL && !PyErr_Occurred()) {
+            PyObject *a[2] = {sites, (PyObject *)caller};
+            site = PyObject_Vectorcall(site_of, a, 2, NULL);
+        }
         Py_DECREF(caller);
     } else {
         site = PyObject_CallMethod(sites, "current", "i", 2);
@@ -1028,15 +1062,15 @@ static PyObject *
 setup(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)m;
-    if (nargs != 11) {
+    if (nargs != 12) {
         PyErr_SetString(PyExc_TypeError, "setup(queue_callback, perf_counter_ns, Tensor, float32, "
                         "float64, strided, OrderedDict, hook_id, first_grad_tensor, is_grad_enabled, "
-                        "site_of)");
+                        "site_of, site_key)");
         return NULL;
     }
-    PyObject **slots[11] = {&queue_cb, &perf_ns, &tensor_type, &f32, &f64, &strided, &odict, &hook_id,
-                            &first_grad_tensor, &is_grad_enabled, &site_of};
-    for (int i = 0; i < 11; i++) {
+    PyObject **slots[12] = {&queue_cb, &perf_ns, &tensor_type, &f32, &f64, &strided, &odict, &hook_id,
+                            &first_grad_tensor, &is_grad_enabled, &site_of, &site_key};
+    for (int i = 0; i < 12; i++) {
         Py_XSETREF(*slots[i], Py_NewRef(args[i]));
     }
     Py_RETURN_NONE;
@@ -1057,7 +1091,7 @@ all_finite(PyObject *m, PyObject *t)
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL,
      "setup(queue_callback, perf_counter_ns, Tensor, float32, float64, strided, OrderedDict, hook_id, "
-     "first_grad_tensor, is_grad_enabled, site_of)"},
+     "first_grad_tensor, is_grad_enabled, site_of, site_key)"},
     {"step_setup", (PyCFunction)(void (*)(void))step_setup, METH_FASTCALL,
      "step_setup(STEPS, GEN, HOOKS, refresh_reps): stephooks' shared state"},
     {"post", make_post, METH_O, "post(first): an optimizer's step post hook (stephooks._Post)"},
@@ -1098,7 +1132,7 @@ PyInit__ddpstep(void)
         {&s_require_backward_grad_sync, "require_backward_grad_sync"},
         {&s_requires_grad, "requires_grad"}, {&s_modules_buffers, "modules_buffers"},
         {&s_check_sync_bufs, "_check_sync_bufs_pre_fwd"}, {&s_sites, "sites"}, {&s_fkey, "fkey"},
-        {&s_ddp_forward, "ddp_forward"},
+        {&s_ddp_forward, "ddp_forward"}, {&s_gkind, "_gkind"}, {&s_lib, "_lib"}, {&s_at, "_at"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         *names[i].slot = PyUnicode_InternFromString(names[i].text);

@@ -222,3 +222,47 @@ def test_forward_end_is_the_python_one(monkeypatch, case):
     assert got["c"] == got["python"]
     hooked = case["grad"] and case["sync"] and case["out"] != "nograd"
     assert got["c"][3] == 1 + hooked and got["c"][4] == [] and got["c"][5] is True
+
+
+class _FwdModule:
+    """What the forward's set-up reads of a DDP module."""
+
+    def __init__(self, bufs: bool, rebuilt) -> None:
+        self.modules_buffers = [1] if bufs else []
+        self.checked = 0
+        if rebuilt is not None:
+            self._has_rebuilt_buckets = rebuilt
+
+    def _check_sync_bufs_pre_fwd(self) -> bool:
+        self.checked += 1
+        return True
+
+
+def _call(fn, *args):
+    return fn(*args)  # the "wrapper": the site is its caller's line
+
+
+@pytest.mark.parametrize("bufs,rebuilt,bwd,grad", [
+    (False, True, 0, True), (True, True, 0, True), (False, False, 2, True), (False, False, 2, False),
+    (False, None, 0, True), (False, False, 0, True),
+])
+def test_forward_begin_is_the_python_one(bufs, rebuilt, bwd, grad):
+    from ddpdoctor.rank.callsite import SiteTable
+
+    got = {}
+    for kind, begin in (("c", native.forward_begin), ("python", ddp._forward_begin_python)):
+        rec = _SeqRec()
+        rec.sites = SiteTable(lambda r: None)
+        rec.seq = {"0": 2}
+        info = {"g": "0", "bwd": bwd, "fkey": ("ddp_fwd", 1)}
+        mod = _FwdModule(bufs, rebuilt)
+        sites = []
+        with torch.set_grad_enabled(grad):
+            for _ in range(2):  # a new site, then the same one (the C key's hit)
+                res = _call(begin, mod, rec, info)
+                sites.append(res[3])
+        comm, seq, start, site, sync_bufs, grad_on, rebuilt_before, gname, fkey = res
+        got[kind] = (comm, seq, site, sync_bufs, grad_on, rebuilt_before, gname, fkey, mod.checked, dict(rec.seq),
+                     {k: v[:4] for k, v in rec.inflight.items()}, sites[0] == sites[1])
+    assert got["c"] == got["python"]
+    assert got["c"][-1] is True and got["c"][0] == (bufs or (grad and rebuilt is False and bwd > 0))

@@ -381,7 +381,7 @@ def _native(torch):
         _FWD[:] = _fwd_defaults(torch)
     if mod is not None:
         mod.setup(_queue_callback, _perf_ns, torch.Tensor, torch.float32, torch.float64, torch.strided,
-                  _OrderedDict, _HOOK_ID, _first_grad_tensor, *_FWD)
+                  _OrderedDict, _HOOK_ID, _first_grad_tensor, *_FWD, callsite._site_key)
     return mod
 
 
