@@ -252,6 +252,7 @@ def patch() -> None:
     DDP.__init__ = __init__
     DDP.forward = forward
     compiled.before_compile(lambda: compiled.run_eagerly(DDP, "forward"))
+    compiled.before_compile(_helpers_eager)
     _patch_join()
 
 
@@ -440,6 +441,19 @@ def _forward_end_python(self, rec, info, out, comm, seq, start, site, sync_bufs,
                 _attach(t, rec, info, site)
     except Exception as exc:
         rec.internal_error(exc)
+
+
+def _helpers_eager() -> None:
+    """Before ``torch.compile``: the forward's Python helpers (no C extension) run eagerly as the
+    forward wrapper does (compiled.py); dynamo would trace their bookkeeping (the clock, dicts,
+    the trace file) and warn in the user's output. The C ones are no Python frames."""
+    global _forward_begin, _forward_end
+    import torch._dynamo
+
+    if _forward_begin is _forward_begin_python:
+        _forward_begin = torch._dynamo.disable(_forward_begin_python)
+    if _forward_end is _forward_end_python:
+        _forward_end = torch._dynamo.disable(_forward_end_python)
 
 
 def _attach_python(t, rec, info, site) -> None:
