@@ -952,7 +952,7 @@ post_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kw
         return NULL;
     if (changed) {
         Py_XSETREF(self->gen, Py_NewRef(gen));
-        PyObject *first = self->first;
+        PyObject *first = self->first != NULL ? self->first : Py_NewRef(Py_None);  /* NULL: cleared */
         self->first = Py_NewRef(Py_None);
         PyObject *a[2] = {first, args[0]};
         PyObject *reps = PyObject_Vectorcall(refresh_reps, a, 2, NULL);
@@ -969,6 +969,8 @@ post_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kw
         }
         Py_XSETREF(self->reps, tup);
     }
+    if (self->reps == NULL)  /* cleared by the garbage collector */
+        Py_RETURN_NONE;
     PyObject *reps = Py_NewRef(self->reps);
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(reps); i++) {
         PyObject *rep = PyTuple_GET_ITEM(reps, i);
@@ -999,24 +1001,43 @@ post_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kw
     Py_RETURN_NONE;
 }
 
+static int
+post_traverse(Post *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->first);
+    Py_VISIT(self->gen);
+    Py_VISIT(self->reps);
+    return 0;
+}
+
+static int
+post_clear(Post *self)
+{
+    Py_CLEAR(self->first);
+    Py_CLEAR(self->gen);
+    Py_CLEAR(self->reps);
+    return 0;
+}
+
 static void
 post_dealloc(Post *self)
 {
-    Py_XDECREF(self->first);
-    Py_XDECREF(self->gen);
-    Py_XDECREF(self->reps);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    PyObject_GC_UnTrack(self);
+    post_clear(self);
+    PyObject_GC_Del(self);
 }
 
-/* Not tracked by the garbage collector: it refers to a hook handle (which refers to the
- * optimizer's hook dict only weakly) and to replicas.py's states, never back to itself. */
+/* Tracked by the garbage collector (one per optimizer: what replicas.py's states refer to is
+ * theirs to decide), unlike the per-step Hook. */
 static PyTypeObject PostType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "ddpdoctor.rank._ddpstep.Post",
     .tp_basicsize = sizeof(Post),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "An optimizer's step post hook (stephooks._Post).",
     .tp_dealloc = (destructor)post_dealloc,
+    .tp_traverse = (traverseproc)post_traverse,
+    .tp_clear = (inquiry)post_clear,
     .tp_vectorcall_offset = offsetof(Post, vectorcall),
     .tp_call = PyVectorcall_Call,
 };
@@ -1029,13 +1050,14 @@ make_post(PyObject *m, PyObject *first)
         PyErr_SetString(PyExc_RuntimeError, "ddpdoctor _ddpstep: step_setup() not called");
         return NULL;
     }
-    Post *p = PyObject_New(Post, &PostType);
+    Post *p = PyObject_GC_New(Post, &PostType);
     if (p == NULL)
         return NULL;
     p->first = Py_NewRef(first);
     p->gen = NULL;
     p->reps = PyTuple_New(0);
     p->vectorcall = post_vectorcall;
+    PyObject_GC_Track(p);
     if (p->reps == NULL) {
         Py_DECREF(p);
         return NULL;

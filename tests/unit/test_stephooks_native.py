@@ -65,3 +65,21 @@ def test_c_post_hook_is_the_python_one(monkeypatch, fail, _restored):
     steps, counts, due, lookups, firsts, _ = c
     assert steps == 6 and lookups == 2 and firsts == [1]  # first-step pre hook removed after step 1
     assert counts == ([0, 0] if fail else [6, 6]) and (due == [] if fail else due[:2] == [(0, 2), (1, 3)])
+
+
+def test_c_post_hook_leaves_an_optimizer_collectable(_restored):
+    """The C post hook is tracked by the garbage collector: an optimizer in a reference cycle
+    with its hooks is freed as with the Python one."""
+    import gc
+    import weakref
+
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    stephooks.on_optimizer(opt)
+    opt.cycle = opt
+    p.grad = torch.ones(2)
+    opt.step()
+    ref = weakref.ref(opt)
+    del opt
+    gc.collect()
+    assert ref() is None
