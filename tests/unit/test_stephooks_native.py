@@ -67,15 +67,19 @@ def test_c_post_hook_is_the_python_one(monkeypatch, fail, _restored):
     assert counts == ([0, 0] if fail else [6, 6]) and (due == [] if fail else due[:2] == [(0, 2), (1, 3)])
 
 
-def test_c_post_hook_leaves_an_optimizer_collectable(_restored):
+@pytest.mark.parametrize("make", ["c", "python"])
+def test_c_post_hook_leaves_an_optimizer_collectable(monkeypatch, _restored, make):
     """The C post hook is tracked by the garbage collector: an optimizer in a reference cycle
     with its hooks is freed as with the Python one."""
     import gc
     import weakref
 
+    monkeypatch.setattr(stephooks.HOOKS, "first_step", None)
+    monkeypatch.setattr(stephooks.HOOKS, "modules_of", None)
     p = torch.nn.Parameter(torch.ones(2))
     opt = torch.optim.SGD([p], lr=0.1)
-    stephooks.on_optimizer(opt)
+    pre = opt.register_step_pre_hook(stephooks._first_step)
+    opt.register_step_post_hook(stephooks._native.post(pre) if make == "c" else stephooks._Post(pre))
     opt.cycle = opt
     p.grad = torch.ones(2)
     opt.step()
