@@ -1,7 +1,7 @@
-"""The optional C extension (ddpdoctor/rank/_fastcall.c); everything else is in pyproject.toml.
+"""The optional C extensions (ddpdoctor/rank/_*.c, ddpdoctor/analysis/_*.c); everything else is in pyproject.toml.
 
 ``optional=True``: where it cannot be built (no compiler, no Python headers) the install goes
-on without it and the Python fast path is used (rank/patches/fastpath.py)."""
+on without them and the Python paths are used, with the same results."""
 
 from setuptools import Extension, setup
 
@@ -12,6 +12,8 @@ setup(ext_modules=[Extension("ddpdoctor.rank._fastcall", ["ddpdoctor/rank/_fastc
                    Extension("ddpdoctor.rank._sitewalk", ["ddpdoctor/rank/_sitewalk.c"], optional=True),
                    # warnings.warn counting stacklevel over ddpdoctor's frames (rank/warnsite.py)
                    Extension("ddpdoctor.rank._warnsite", ["ddpdoctor/rank/_warnsite.c"], optional=True),
+                   # the DDP backward event and DD015's test (rank/patches/ddp.py, grads.py)
+                   Extension("ddpdoctor.rank._ddpstep", ["ddpdoctor/rank/_ddpstep.c"], optional=True),
                    # the loader's bulk path (analysis/fastscan.py): reading rank files for the report
                    Extension("ddpdoctor.analysis._bulkscan", ["ddpdoctor/analysis/_bulkscan.c"], optional=True),
                    # the Flight Recorder pickle reader (analysis/frnative.py)

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+import pytest
 import torch
 
 from ddpdoctor.rank import callsite
@@ -118,24 +119,39 @@ class _Rec:
         raise exc
 
 
-def _hooked(rec, x):
+#: The backward hook's implementations: Python, and C where rank/_ddpstep.c is built.
+HOOKS = ["python", "c"]
+
+
+def _hook_class(kind: str):
+    if kind == "python":
+        return ddp._BackwardHook
+    mod = ddp._native(torch)
+    if mod is None:
+        pytest.skip("rank/_ddpstep.c not built (or DDPDOCTOR_NATIVE=0)")
+    return mod.hook
+
+
+def _hooked(rec, x, kind: str = "python"):
     out = x * 2
-    ddp._hook_output(out, ddp._BackwardHook(rec, {"g": "0", "bwd": 0, "fwd": 1, "grads": None}, 4))
+    ddp._hook_output(out, _hook_class(kind)(rec, {"g": "0", "bwd": 0, "fwd": 1, "grads": None}, 4))
     return out.sum()
 
 
-def test_the_backward_event_ends_after_the_backward(monkeypatch):
+@pytest.mark.parametrize("kind", HOOKS)
+def test_the_backward_event_ends_after_the_backward(monkeypatch, kind):
     monkeypatch.setattr(ddp, "_TENSOR", [torch.Tensor])
     rec = _Rec()
     x = torch.ones(3, requires_grad=True)
     for _ in range(2):
-        _hooked(rec, x).backward()
+        _hooked(rec, x, kind).backward()
     recs = [json.loads(line) for line in rec.lines]
     assert [(r["op"], r["s"], r["site"]) for r in recs] == [("ddp_backward", 1, 4), ("ddp_backward", 2, 4)]
     assert rec.inflight == {} and x.grad.tolist() == [4.0, 4.0, 4.0]
 
 
-def test_a_backward_that_raises_writes_no_event(monkeypatch):
+@pytest.mark.parametrize("kind", HOOKS)
+def test_a_backward_that_raises_writes_no_event(monkeypatch, kind):
     monkeypatch.setattr(ddp, "_TENSOR", [torch.Tensor])
 
     class _Boom(torch.autograd.Function):
@@ -149,7 +165,7 @@ def test_a_backward_that_raises_writes_no_event(monkeypatch):
 
     rec = _Rec()
     x = torch.ones(3, requires_grad=True)
-    loss = _hooked(rec, _Boom.apply(x))
+    loss = _hooked(rec, _Boom.apply(x), kind)
     try:
         loss.backward()
     except ValueError as exc:

@@ -23,7 +23,7 @@ import zlib
 from collections import OrderedDict as _OrderedDict
 
 from ...trace.records import InFlight
-from .. import callsite
+from .. import callsite, native
 from .. import recorder as recorder_mod
 from ..callsite import resume_frames
 from . import WRAPPED, compiled
@@ -151,11 +151,15 @@ def patch() -> None:
     DDP = ddp_mod.DistributedDataParallel
     if getattr(DDP.__init__, _MARK, False):
         return
-    global _queue_callback
+    global _queue_callback, _attach, _forward_end, _forward_begin
     _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
-    Tensor = _TENSOR[0] = torch.Tensor
+    mod = _native(torch)
+    _attach = getattr(mod, "attach", _attach_python)
+    _forward_end = getattr(mod, "forward_end", _forward_end_python)
+    _forward_begin = getattr(mod, "forward_begin", _forward_begin_python)
+    _TENSOR[0] = torch.Tensor
     _MODULE_GLOBALS[0] = vars(sys.modules["torch.nn.modules.module"])
-    is_grad_enabled = torch.is_grad_enabled
+    _FWD[:] = _fwd_defaults(torch)
     orig_init = DDP.__init__
     orig_forward = DDP.forward
     rec_get = recorder_mod.get
@@ -221,20 +225,7 @@ def patch() -> None:
         if rec is None or not rec.enabled or info is None or rec.local.depth:
             return orig_forward(self, *inputs, **kwargs)
         try:
-            grad = is_grad_enabled()
-            # DDP's own test, two Python calls: only for a module with buffers to broadcast
-            sync_bufs = bool(self.modules_buffers) and bool(self._check_sync_bufs_pre_fwd())
-            rebuilt_before = getattr(self, "_has_rebuilt_buckets", True)
-            comm = sync_bufs or (grad and not rebuilt_before and info["bwd"] > 0)
-            gname = info["g"]
-            try:  # the caller's frame without sys._getframe (an audit event): see callsite
-                site = _forward_site(rec.sites, resume_frames(None).f_back)
-            except ValueError:  # another thread is inside the frame generator
-                site = rec.sites.current(2)
-            seq = rec.next_seq(gname) if comm else 0
-            start = (_perf_ns() - rec.t0_ns) // 1000
-            fkey = info["fkey"]
-            rec.inflight[fkey] = ("ddp_forward", gname, seq, site, start)
+            comm, seq, start, site, sync_bufs, grad, rebuilt_before, gname, fkey = _forward_begin(self, rec, info)
         except Exception as exc:
             rec.internal_error(exc)
             fkey = None
@@ -253,28 +244,7 @@ def patch() -> None:
             raise
         rec.local.depth = 0
         rec.inflight.pop(fkey, None)
-        try:
-            info["fwd"] += 1
-            if grad:  # the last forward a backward can come from (overlap(): was it reduced?)
-                info["gfwd"] = info["fwd"]
-            rebuilt = rebuilt_before is False and getattr(self, "_has_rebuilt_buckets", False) is True
-            if rebuilt and not comm:  # it did communicate after all
-                comm, seq = True, rec.next_seq(gname)
-            _store(rec, f'{{"t":"{"c" if comm else "e"}","op":"ddp_forward","g":"{gname}","s":{seq},'
-                        f'"ts":{start},"d":{(_perf_ns() - rec.t0_ns) // 1000 - start},"site":{site},'
-                        f'"step":{info["fwd"]}{_EXTRA[sync_bufs + 2 * grad]}}}\n')
-            rec._ddp_ptrs["dirty"] = True
-            if grad and self.require_backward_grad_sync:
-                if type(out) is Tensor:  # the common case, without a call
-                    t = out if out.requires_grad else None
-                else:
-                    t = _first_grad_tensor(out)
-                if t is not None:
-                    # (a tensor hook, not a pre-hook of its node, which would be ~25 bytecodes
-                    # cheaper: the hook is handed this tensor's own gradient, see grads.py)
-                    _hook_output(t, _BackwardHook(rec, info, site))
-        except Exception as exc:
-            rec.internal_error(exc)
+        _forward_end(self, rec, info, out, comm, seq, start, site, sync_bufs, grad, rebuilt_before)
         return out
 
     setattr(__init__, _MARK, True)
@@ -282,6 +252,7 @@ def patch() -> None:
     DDP.__init__ = __init__
     DDP.forward = forward
     compiled.before_compile(lambda: compiled.run_eagerly(DDP, "forward"))
+    compiled.before_compile(_helpers_eager)
     _patch_join()
 
 
@@ -399,6 +370,101 @@ class _BackwardHook:
         _store(rec, f'{{"t":"c","op":"ddp_backward","g":"{self.info["g"]}","s":{self.seq},"ts":{start},'
                     f'"d":{(_perf_ns() - rec.t0_ns) // 1000 - start},"site":{self.site},'
                     f'"step":{self.step}}}\n')
+
+
+def _native(torch):
+    """The backward event in C (rank/_ddpstep.c: ``attach`` = ``_attach_python`` with the hook
+    and both engine callbacks one C object, DD015's test of a CPU float gradient without a torch
+    reduction; ~40k instructions of Python and torch per step before, issue #11), or None: not
+    built, or ``DDPDOCTOR_NATIVE=0``."""
+    mod = native.load("_ddpstep")
+    if not _FWD:
+        _FWD[:] = _fwd_defaults(torch)
+    if mod is not None:
+        mod.setup(_queue_callback, _perf_ns, torch.Tensor, torch.float32, torch.float64, torch.strided,
+                  _OrderedDict, _HOOK_ID, _first_grad_tensor, *_FWD, callsite._site_key)
+    return mod
+
+
+def _forward_begin_python(self, rec, info) -> tuple:
+    """Before a DDP forward runs: whether it communicates, its sequence number, start, call site
+    and in-flight entry."""
+    is_grad_enabled, site_of = _FWD
+    grad = is_grad_enabled()
+    # DDP's own test, two Python calls: only for a module with buffers to broadcast
+    sync_bufs = bool(self.modules_buffers) and bool(self._check_sync_bufs_pre_fwd())
+    rebuilt_before = getattr(self, "_has_rebuilt_buckets", True)
+    comm = sync_bufs or (grad and not rebuilt_before and info["bwd"] > 0)
+    gname = info["g"]
+    try:  # the caller's frame (nn.Module's) without sys._getframe (an audit event): see callsite
+        site = site_of(rec.sites, resume_frames(None).f_back.f_back)
+    except ValueError:  # another thread is inside the frame generator
+        site = rec.sites.current(3)
+    seq = rec.next_seq(gname) if comm else 0
+    start = (_perf_ns() - rec.t0_ns) // 1000
+    fkey = info["fkey"]
+    rec.inflight[fkey] = ("ddp_forward", gname, seq, site, start)
+    return comm, seq, start, site, sync_bufs, grad, rebuilt_before, gname, fkey
+
+
+#: ``torch.is_grad_enabled`` and the forward's site lookup (``patch`` sets them).
+_FWD: list = []
+
+
+def _fwd_defaults(torch) -> list:
+    # with the C site key ``at`` is the short path itself: called directly, one frame less
+    return [torch.is_grad_enabled, _forward_site if callsite._site_key is None else callsite.SiteTable.at]
+
+
+def _forward_end_python(self, rec, info, out, comm, seq, start, site, sync_bufs, grad, rebuilt_before) -> None:
+    """After a DDP forward returned: its record, then the hook of its backward on the output."""
+    try:
+        gname = info["g"]
+        info["fwd"] += 1
+        if grad:  # the last forward a backward can come from (overlap(): was it reduced?)
+            info["gfwd"] = info["fwd"]
+        rebuilt = rebuilt_before is False and getattr(self, "_has_rebuilt_buckets", False) is True
+        if rebuilt and not comm:  # it did communicate after all
+            comm, seq = True, rec.next_seq(gname)
+        _store(rec, f'{{"t":"{"c" if comm else "e"}","op":"ddp_forward","g":"{gname}","s":{seq},'
+                    f'"ts":{start},"d":{(_perf_ns() - rec.t0_ns) // 1000 - start},"site":{site},'
+                    f'"step":{info["fwd"]}{_EXTRA[sync_bufs + 2 * grad]}}}\n')
+        rec._ddp_ptrs["dirty"] = True
+        if grad and self.require_backward_grad_sync:
+            if type(out) is _TENSOR[0]:  # the common case, without a call
+                t = out if out.requires_grad else None
+            else:
+                t = _first_grad_tensor(out)
+            if t is not None:
+                # (a tensor hook, not a pre-hook of its node, which would be ~25 bytecodes
+                # cheaper: the hook is handed this tensor's own gradient, see grads.py)
+                _attach(t, rec, info, site)
+    except Exception as exc:
+        rec.internal_error(exc)
+
+
+def _helpers_eager() -> None:
+    """Before ``torch.compile``: the forward's Python helpers (no C extension) run eagerly as the
+    forward wrapper does (compiled.py); dynamo would trace their bookkeeping (the clock, dicts,
+    the trace file) and warn in the user's output. The C ones are no Python frames."""
+    global _forward_begin, _forward_end
+    import torch._dynamo
+
+    if _forward_begin is _forward_begin_python:
+        _forward_begin = torch._dynamo.disable(_forward_begin_python)
+    if _forward_end is _forward_end_python:
+        _forward_end = torch._dynamo.disable(_forward_end_python)
+
+
+def _attach_python(t, rec, info, site) -> None:
+    """The forward's output ``t`` gets the hook of its backward event."""
+    _hook_output(t, _BackwardHook(rec, info, site))
+
+
+#: ``_attach_python`` and ``_forward_end_python`` or their C twins (``patch`` sets them).
+_attach = _attach_python
+_forward_end = _forward_end_python
+_forward_begin = _forward_begin_python
 
 
 def _queue_callback(callback) -> None:

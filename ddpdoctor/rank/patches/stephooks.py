@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import sys
 
+from .. import native
+
 #: Optimizer steps taken in this process (``coverage.py``: steps during a pass).
 STEPS = [0]
 #: Bumped when a DDP module is constructed: each optimizer then recomputes the modules it updates.
@@ -70,6 +72,23 @@ class _Post:
         self.reps = modules_of(opt) if modules_of is not None else ()
 
 
+def _refresh_reps(first, opt) -> tuple:
+    """The C post hook's rare path (``_Post._refresh``): the first-step pre hook removed, the DDP
+    modules ``opt`` updates looked up again."""
+    if first is not None:
+        first.remove()  # the pre-hook loop is over: safe to change its dict now
+    modules_of = HOOKS.modules_of
+    return tuple(modules_of(opt)) if modules_of is not None else ()
+
+
+_native = native.load("_ddpstep")
+if _native is not None:
+    _native.step_setup(STEPS, GEN, HOOKS, _refresh_reps)
+#: ``_Post``, or its C twin (rank/_ddpstep.c: no Python frame per optimizer step, ~40 bytecodes,
+#: issue #11) where the extension is built and on.
+_new_post = _native.post if _native is not None else _Post
+
+
 def _first_step(opt, args, kwargs) -> None:
     """An optimizer's first step, before it runs (``data.py`` records what it starts from)."""
     first_step = HOOKS.first_step
@@ -108,7 +127,7 @@ def on_optimizer(opt) -> None:
         return
     try:
         pre = opt.register_step_pre_hook(_first_step)
-        opt.register_step_post_hook(_Post(pre))
+        opt.register_step_post_hook(_new_post(pre))
     except Exception:  # an optimizer without torch's hook registry: its steps are not followed
         pass
 
