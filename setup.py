@@ -1,6 +1,6 @@
 """The optional C extensions (ddpdoctor/rank/_*.c, ddpdoctor/analysis/_*.c); everything else is in pyproject.toml.
 
-``optional=True``: where it cannot be built (no compiler, no Python headers) the install goes
+``optional=True``: where one cannot be built (no compiler, no Python headers) the install goes
 on without them and the Python paths are used, with the same results."""
 
 from setuptools import Extension, setup
