@@ -8,8 +8,9 @@ the same converted trace (tests/unit/test_frnative.py)."""
 
 from __future__ import annotations
 
-import importlib
 import os
+
+from . import native
 
 #: Larger files go to the Python path: the C reader's tables take up to ~40 bytes per byte of a
 #: crafted file (one node per 1-byte opcode), the unpickler's objects less; a 20,000-entry dump
@@ -33,12 +34,7 @@ ROW = ("time_created_ns", "time_discovered_completed_ns", "collective_seq_id", "
 
 
 def _module():
-    if os.environ.get("DDPDOCTOR_NATIVE", "1").strip() == "0":
-        return None
-    try:
-        return importlib.import_module(f"{__package__}._frpickle")
-    except ImportError:
-        return None
+    return native.load("_frpickle")
 
 
 def read(path: str) -> tuple | None:
