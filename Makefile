@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 # setup.py and the C source: a change rebuilds the optional extension (ddpdoctor/rank/_fastcall.c).
 $(VENV)/.installed: pyproject.toml setup.py ddpdoctor/rank/_fastcall.c ddpdoctor/rank/_auditfilter.c \
 		ddpdoctor/rank/_sitewalk.c ddpdoctor/rank/_warnsite.c ddpdoctor/rank/_ddpstep.c \
-		ddpdoctor/analysis/_bulkscan.c ddpdoctor/analysis/_frpickle.c
+		ddpdoctor/rank/_native.h ddpdoctor/analysis/_bulkscan.c ddpdoctor/analysis/_frpickle.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_PIN)" numpy
 	$(PY) -m pip install -q -e ".[dev,frameworks]"

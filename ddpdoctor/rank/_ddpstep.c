@@ -26,6 +26,7 @@
 #include <time.h>
 #include <structmember.h>
 #include <frameobject.h>
+#include "_native.h" /* ddp_put_ll */
 
 /* set once by setup() (strong references, never released) */
 static PyObject *queue_cb = NULL;   /* the autograd engine's queue_callback (bound method) */
@@ -323,23 +324,6 @@ done:
 
 /* Decimal digits of v at p; returns the end. */
 static char *
-put_ll(char *p, long long v)
-{
-    char tmp[24];
-    int n = 0;
-    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
-    do {
-        tmp[n++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    if (v < 0)
-        *p++ = '-';
-    while (n)
-        *p++ = tmp[--n];
-    return p;
-}
-
-static char *
 put_str(char *p, const char *s)
 {
     size_t n = strlen(s);
@@ -372,11 +356,11 @@ fast_record(PyObject *g, Hook *self, long long d)
     Py_ssize_t glen = PyUnicode_GET_LENGTH(g);
     memcpy(p, PyUnicode_DATA(g), (size_t)glen);
     p += glen;
-    p = put_ll(put_str(p, "\",\"s\":"), v[0]);
-    p = put_ll(put_str(p, ",\"ts\":"), self->start);
-    p = put_ll(put_str(p, ",\"d\":"), d);
-    p = put_ll(put_str(p, ",\"site\":"), v[1]);
-    p = put_ll(put_str(p, ",\"step\":"), v[2]);
+    p = ddp_put_ll(put_str(p, "\",\"s\":"), v[0]);
+    p = ddp_put_ll(put_str(p, ",\"ts\":"), self->start);
+    p = ddp_put_ll(put_str(p, ",\"d\":"), d);
+    p = ddp_put_ll(put_str(p, ",\"site\":"), v[1]);
+    p = ddp_put_ll(put_str(p, ",\"step\":"), v[2]);
     p = put_str(p, "}\n");
     return PyBytes_FromStringAndSize(buf, p - buf);
 }
@@ -674,11 +658,11 @@ forward_record(int comm, PyObject *g, PyObject *seq, long long start, long long 
     Py_ssize_t glen = PyUnicode_GET_LENGTH(g);
     memcpy(p, PyUnicode_DATA(g), (size_t)glen);
     p += glen;
-    p = put_ll(put_str(p, "\",\"s\":"), v[0]);
-    p = put_ll(put_str(p, ",\"ts\":"), start);
-    p = put_ll(put_str(p, ",\"d\":"), d);
-    p = put_ll(put_str(p, ",\"site\":"), v[1]);
-    p = put_ll(put_str(p, ",\"step\":"), v[2]);
+    p = ddp_put_ll(put_str(p, "\",\"s\":"), v[0]);
+    p = ddp_put_ll(put_str(p, ",\"ts\":"), start);
+    p = ddp_put_ll(put_str(p, ",\"d\":"), d);
+    p = ddp_put_ll(put_str(p, ",\"site\":"), v[1]);
+    p = ddp_put_ll(put_str(p, ",\"step\":"), v[2]);
     p = put_str(put_str(p, fwd_extra[extra]), "}\n");
     return PyBytes_FromStringAndSize(buf, p - buf);
 }

@@ -27,15 +27,7 @@
 #if PY_VERSION_HEX < 0x030B0000
 #include <frameobject.h> /* f_lasti before PyFrame_GetLasti (3.11) */
 #endif
-/* 3.11: the interpreter's frames read in place (see where()); other versions: frame objects */
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
-#define FAST_FRAMES 1
-#define Py_BUILD_CORE
-#include <internal/pycore_frame.h>
-#undef Py_BUILD_CORE
-#else
-#define FAST_FRAMES 0
-#endif
+#include "_native.h" /* FAST_FRAMES (see where()), ddp_put_ll */
 
 /* Hit's fields (fastpath.Hit, a NamedTuple: read by index). */
 enum { H_REC, H_G, H_OP, H_INSEQ, H_SITE, H_HEAD, H_MID, H_TAIL, H_SLOT_TAIL, H_ASYNC, H_WTAG,
@@ -144,19 +136,7 @@ static long long us(long long ns) {
 
 /* Decimal digits of v, as b"%d" writes them, into buf (>= 21 bytes); returns the length. */
 static Py_ssize_t digits(char *buf, long long v) {
-    char tmp[24];
-    int n = 0;
-    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
-    do {
-        tmp[n++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    Py_ssize_t len = 0;
-    if (v < 0)
-        buf[len++] = '-';
-    while (n)
-        buf[len++] = tmp[--n];
-    return len;
+    return ddp_put_ll(buf, v) - buf;
 }
 
 static int truthy_attr(PyObject *o, PyObject *name) {

@@ -12,15 +12,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
-/* 3.11: the interpreter's frames read in place (see adjusted()); other versions: frame objects */
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
-#define FAST_FRAMES 1
-#define Py_BUILD_CORE
-#include <internal/pycore_frame.h>
-#undef Py_BUILD_CORE
-#else
-#define FAST_FRAMES 0
-#endif
+#include "_native.h" /* FAST_FRAMES (see adjusted()) */
 
 static PyObject *real_warn = NULL;   /* the warnings.warn this one replaced (strong reference) */
 static PyObject *prefix = NULL;      /* ddpdoctor's package folder, with a trailing separator */
