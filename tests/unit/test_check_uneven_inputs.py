@@ -125,6 +125,17 @@ def test_hundreds_of_ranks_one_short(tmp_path):
     assert took < 10, took
 
 
+def _loop_run(tmp_path, src, loop: str):
+    """Rank 0 runs 5 steps of the loop at line 28 of ``src`` (its step at line 30), rank 1 runs 4
+    and leaves it normally."""
+    step = (str(src), 30, "loss = model(x)", [[str(src), 28, loop, "for"]])
+    long = [coll(1, "ddp_init", (str(src), 20)), ddp_record()] + ddp_steps(4, site=step)
+    long += [{"t": "e", "op": "ddp_forward", "g": "0", "s": 0, "d": 5, "site": step, "grad": 1}]
+    short = [coll(1, "ddp_init", (str(src), 20)), ddp_record()] + ddp_steps(4, site=step)
+    return write_run(tmp_path / "run", {0: long, 1: short},
+                     exits={0: raised(GLOO_CLOSED, line=31, inflight=[["ddp_backward", "0", 6, step, 99000]])})
+
+
 def test_conditional_exits_of_the_loop_are_named_when_the_short_rank_left_it(tmp_path):
     """Early stopping on a rank's own loss: the short rank exited normally, and the loop's
     conditional exits (read from the source file) are named; an exit under no condition is not."""
@@ -136,13 +147,7 @@ def test_conditional_exits_of_the_loop_are_named_when_the_short_rank_left_it(tmp
                    "        break\n"
                    "    for y in inner:\n"
                    "        break\n")  # an inner loop's break is not an exit of this loop
-    step = (str(src), 30, "loss = model(x)", [[str(src), 28, "for x in batches:", "for"]])
-    long = [coll(1, "ddp_init", (str(src), 20)), ddp_record()] + ddp_steps(4, site=step)
-    long += [{"t": "e", "op": "ddp_forward", "g": "0", "s": 0, "d": 5, "site": step, "grad": 1}]
-    short = [coll(1, "ddp_init", (str(src), 20)), ddp_record()] + ddp_steps(4, site=step)
-    folder = write_run(tmp_path / "run", {0: long, 1: short},
-                       exits={0: raised(GLOO_CLOSED, line=31, inflight=[["ddp_backward", "0", 6, step, 99000]])})
-    (f,) = run_checks(folder, "DD006")
+    (f,) = run_checks(_loop_run(tmp_path, src, "for x in batches:"), "DD006")
     assert "conditional exits (train.py:32 `break` under train.py:31 `if loss.item() < best:`)" in f.message
     assert "if rank 1 took one" in f.message and "all-reduced or broadcast" in f.message
     assert {(loc.role, loc.line, loc.rank) for loc in f.locations} >= {("condition", 31, 1), ("exit", 32, 1)}
@@ -198,13 +203,7 @@ def test_an_exit_on_this_ranks_own_data_is_named_first_with_why(tmp_path):
                    "    v = sum(float(b) for b in val)\n"
                    "    if v < best:\n"  # line 34
                    "        break\n")
-    step = (str(src), 30, "loss = model(x)", [[str(src), 28, "for epoch in range(99):", "for"]])
-    long = [coll(1, "ddp_init", (str(src), 20)), ddp_record()] + ddp_steps(4, site=step)
-    long += [{"t": "e", "op": "ddp_forward", "g": "0", "s": 0, "d": 5, "site": step, "grad": 1}]
-    short = [coll(1, "ddp_init", (str(src), 20)), ddp_record()] + ddp_steps(4, site=step)
-    folder = write_run(tmp_path / "run", {0: long, 1: short},
-                       exits={0: raised(GLOO_CLOSED, line=31, inflight=[["ddp_backward", "0", 6, step, 99000]])})
-    (f,) = run_checks(folder, "DD006")
+    (f,) = run_checks(_loop_run(tmp_path, src, "for epoch in range(99):"), "DD006")
     assert ("conditional exits (train.py:35 `break` under train.py:34 `if v < best:`, which depends on the rank "
             "through this rank's own share of the data (`DistributedSampler`, line 2); train.py:32 `break` under "
             "train.py:31 `if epoch > 90:`)") in " ".join(f.message.split())
